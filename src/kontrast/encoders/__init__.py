@@ -1,0 +1,58 @@
+"""Encoders room: ``forward(x [B, 3, H, W]) -> features [B, dim]``, with an int ``.dim``.
+
+Every encoder returns globally average-pooled, flattened features and holds no head
+(projection heads and predictors live in ``extract``). ``.dim`` is known at construction,
+so heads can be built without a dummy forward.
+
+    create_encoder("resnet18", stem="cifar", width=0.25)   # kontrast's own ResNet
+    create_encoder("torchvision:mobilenet_v3_small")        # any torchvision classifier, headless
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from kontrast.errors import UserError
+from kontrast.registry import Registry
+
+ENCODERS: Registry = Registry("encoder")
+TORCHVISION_PREFIX = "torchvision:"
+
+from kontrast.encoders import resnet  # noqa: E402  (registers resnet18/34/50 into ENCODERS)
+
+
+def create_encoder(name: str, *, stem: str | None = None, width: float = 1.0, **kw) -> nn.Module:
+    """Build an encoder by name.
+
+    Args:
+        name: a registered name (``ENCODERS.names()``: resnet18, resnet34, resnet50) or
+            ``"torchvision:<model>"`` for any torchvision classification model (random init).
+        stem: for kontrast ResNets, ``"cifar"`` (default when None) or ``"imagenet"``.
+            torchvision models keep their own stem: only None or ``"imagenet"`` is accepted.
+        width: channel multiplier for kontrast ResNets; must be 1 for torchvision models.
+        **kw: extra constructor arguments (``zero_init_residual=True``; for torchvision
+            models e.g. ``image_size=32`` for a ViT).
+    """
+    if name.startswith(TORCHVISION_PREFIX):
+        return create_torchvision(name[len(TORCHVISION_PREFIX):], stem=stem, width=width, **kw)
+    if name not in ENCODERS:
+        known = ", ".join(ENCODERS.names())
+        raise UserError(f"unknown encoder {name!r}; choose one of: {known}, or torchvision:<model>")
+    return ENCODERS.get(name)(stem=stem or "cifar", width=width, **kw)
+
+
+def create_torchvision(model: str, *, stem: str | None, width: float, **kw) -> nn.Module:
+    """Headless torchvision model; refuses kontrast-only options instead of ignoring them."""
+    from kontrast.encoders.torchvision_models import build_torchvision_encoder
+
+    if stem not in (None, "imagenet"):
+        raise UserError(
+            f"stem {stem!r} is not available for torchvision:{model} (it keeps its own stem); "
+            "set stem to 'imagenet', or use resnet18/34/50 for a CIFAR stem"
+        )
+    if width != 1.0:
+        raise UserError(f"width {width} is not available for torchvision:{model}; use width 1")
+    return build_torchvision_encoder(model, **kw)
+
+
+__all__ = ["ENCODERS", "TORCHVISION_PREFIX", "create_encoder"]

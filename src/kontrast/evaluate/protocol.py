@@ -1,0 +1,57 @@
+"""The evaluation protocol: frozen, pooled encoder features -> weighted kNN and linear probe.
+
+Never the projection head: what is measured is the encoder's representation,
+as in every SSL benchmark table (lightly, solo-learn).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from kontrast.config import EvalConfig
+from kontrast.data import ImageSet
+from kontrast.evaluate.features import extract_features, raw_pixel_features
+from kontrast.evaluate.knn import knn_top1
+from kontrast.evaluate.linear import linear_probe
+
+
+def _check_labels(train: ImageSet, test: ImageSet) -> None:
+    from kontrast.errors import UserError
+
+    if train.labels is None or test.labels is None:
+        raise UserError(f"evaluation needs labelled data, but {train.name} has no class folders")
+
+
+def score_features(
+    train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor, test_y: torch.Tensor,
+    cfg: EvalConfig, *, linear: bool = True,
+) -> dict[str, float]:
+    """kNN top-1 (and linear-probe top-1) of precomputed features."""
+    out = {"knn_top1": knn_top1(train_x, train_y, test_x, test_y, k=cfg.knn_k, temperature=cfg.knn_temperature)}
+    if linear:
+        out["linear_top1"] = linear_probe(train_x, train_y, test_x, test_y, epochs=cfg.linear_epochs)["top1"]
+    return out
+
+
+def evaluate_encoder(
+    encoder: nn.Module, train: ImageSet, test: ImageSet, cfg: EvalConfig, *,
+    mean, std, device: str = "cpu", precision: str = "fp32", linear: bool = True, max_train: int = 0,
+) -> dict[str, float]:
+    """Extract features of both splits with ``encoder`` and score them."""
+    _check_labels(train, test)
+    images, labels = train.images, train.labels
+    if max_train and len(images) > max_train:
+        images, labels = images[:max_train], labels[:max_train]
+    kw = dict(mean=mean, std=std, batch_size=cfg.batch_size, device=device, precision=precision)
+    train_x = extract_features(encoder, images, **kw)
+    test_x = extract_features(encoder, test.images, **kw)
+    return score_features(train_x, labels, test_x, test.labels, cfg, linear=linear)
+
+
+def evaluate_raw_pixels(train: ImageSet, test: ImageSet, cfg: EvalConfig, *, linear: bool = True) -> dict[str, float]:
+    """The no-learning baseline: flattened pixels."""
+    _check_labels(train, test)
+    return score_features(
+        raw_pixel_features(train.images), train.labels, raw_pixel_features(test.images), test.labels, cfg, linear=linear
+    )

@@ -1,0 +1,44 @@
+"""Evaluate a finished (or running) pretraining run from its directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kontrast.checkpoint import STATE_FILE, latest_checkpoint, load_weights
+from kontrast.config import Config, load_yaml
+from kontrast.data import load_images
+from kontrast.errors import UserError
+from kontrast.evaluate.protocol import evaluate_encoder
+from kontrast.methods.base import Method
+from kontrast.methods.build import create_method, resolve, view_specs
+
+
+def load_run(path: str | Path) -> tuple[Config, Method, Path]:
+    """``path`` is a run directory (newest checkpoint is used) or one checkpoint folder."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"checkpoint path not found: {path}")
+    if (path / STATE_FILE).is_file():
+        ckpt, run_dir = path, path.parent.parent
+    else:
+        run_dir, ckpt = path, latest_checkpoint(path)
+        if ckpt is None:
+            raise UserError(f"no complete checkpoint under {path}/checkpoints; train first (kontrast train --out {path})")
+    if not (run_dir / "config.yaml").is_file():
+        raise UserError(f"{run_dir}/config.yaml is missing; --checkpoint must point at a kontrast run directory")
+    cfg = resolve(load_yaml(run_dir / "config.yaml"))
+    method = create_method(cfg)
+    load_weights(ckpt, method)
+    return cfg, method, ckpt
+
+
+def evaluate_run(path: str | Path, data: str | None = None, *, device: str = "cpu", linear: bool = True) -> dict:
+    """kNN and linear-probe top-1 of a run's encoder on ``data`` (default: its training source)."""
+    cfg, method, ckpt = load_run(path)
+    source = data or cfg.data.source
+    kw = dict(size=cfg.data.size, cache_dir=cfg.data.cache_dir, skip_bad_images=cfg.data.skip_bad_images)
+    train, test = load_images(source, "train", **kw), load_images(source, "test", **kw)
+    spec = view_specs(cfg, method)[0]  # the recipe's normalisation
+    result = evaluate_encoder(method.encoder.to(device), train, test, cfg.eval, mean=spec.mean, std=spec.std,
+                              device=device, precision=cfg.train.precision, linear=linear)
+    return {"checkpoint": str(ckpt), "method": cfg.method.name, "data": source, **result}

@@ -1,0 +1,44 @@
+"""Build a method (and its encoder) from a resolved :class:`~kontrast.config.Config`."""
+
+from __future__ import annotations
+
+from kontrast.config import Config, _section, build_config, merge, to_dict
+from kontrast.encoders import create_encoder
+from kontrast.methods import METHODS
+from kontrast.methods.base import Method
+
+
+def method_params(name: str, args: dict):
+    """The method's Params dataclass filled from ``args`` (unknown keys are errors)."""
+    return _section(METHODS.get(name).Params, args, "method")
+
+
+def apply_method_defaults(raw: dict) -> dict:
+    """Insert the method's own defaults (e.g. BYOL's LARS) under the user's values."""
+    name = (raw.get("method") or {}).get("name", "simclr")
+    cls = METHODS.get(name)
+    return merge(dict(cls.defaults), raw)
+
+
+def resolve(raw: dict) -> Config:
+    """User dict -> Config with method defaults applied and method args validated and filled."""
+    cfg = build_config(apply_method_defaults(raw))
+    params = method_params(cfg.method.name, dict(cfg.method.args))
+    full = to_dict(cfg)
+    full["method"] = {"name": cfg.method.name, **params.__dict__}
+    return build_config(full)
+
+
+def create_method(cfg: Config) -> Method:
+    cls = METHODS.get(cfg.method.name)
+    encoder = create_encoder(cfg.encoder.name, stem=cfg.encoder.stem, width=cfg.encoder.width)
+    return cls(encoder, method_params(cfg.method.name, dict(cfg.method.args)))
+
+
+def view_specs(cfg: Config, method: Method) -> tuple:
+    """The method's augment recipe at the configured resolution."""
+    from dataclasses import replace
+
+    from kontrast.augment import get_recipe
+
+    return tuple(replace(spec, size=cfg.data.size) for spec in get_recipe(method.recipe))

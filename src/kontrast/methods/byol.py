@@ -1,0 +1,59 @@
+"""BYOL: predictor + EMA target, no negatives (Grill et al. 2020, https://arxiv.org/abs/2006.07733).
+
+augment: BYOL's asymmetric pair -> encoder -> projector mlp(dim, 4096, 256)
+-> predictor mlp(256, 4096, 256) -> normalised MSE against the target's
+projection of the other view, symmetrised. The target follows the online
+network with momentum rising from ``base_momentum`` to 1 on a cosine schedule.
+CIFAR-scale defaults (solo-learn's CIFAR recipe): base momentum 0.99,
+LARS lr 1.0 x batch/256, weight decay 1e-5.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from kontrast.encoders.target import MomentumTarget, cosine_momentum
+from kontrast.extract import mlp
+from kontrast.losses import normalized_mse
+from kontrast.methods import METHODS
+from kontrast.methods.base import Method, embedding_std
+
+
+@dataclass(frozen=True)
+class BYOLParams:
+    proj_hidden: int = 4096
+    proj_dim: int = 256
+    pred_hidden: int = 4096
+    base_momentum: float = 0.99
+
+
+@METHODS.register("byol")
+class BYOL(Method):
+    description = "BYOL: online predictor regresses an EMA target, no negatives (Grill et al. 2020)"
+    recipe = "byol"
+    Params = BYOLParams
+    defaults = {"optim": {"name": "lars", "lr": 1.0, "weight_decay": 1e-5}}
+
+    def __init__(self, encoder, params: BYOLParams):
+        super().__init__(encoder, params)
+        self.projector = mlp([encoder.dim, params.proj_hidden, params.proj_dim])
+        self.predictor = mlp([params.proj_dim, params.pred_hidden, params.proj_dim])
+        self.target = MomentumTarget(self._online())
+
+    def _online(self) -> nn.Module:
+        return nn.Sequential(self.encoder, self.projector)
+
+    def training_step(self, views: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        b = views[0].shape[0]
+        x = torch.cat(views[:2])  # [2B, C, H, W]
+        z = self.projector(self.encoder(x))  # [2B, proj_dim]
+        p = self.predictor(z)  # [2B, proj_dim]
+        t = self.target(x).detach()  # [2B, proj_dim] target projections
+        loss = normalized_mse(p[:b], t[b:]) + normalized_mse(p[b:], t[:b])
+        return {"loss": loss, "embedding_std": embedding_std(z[:b])}
+
+    def after_step(self, progress: float) -> None:
+        self.target.update(self._online(), cosine_momentum(self.params.base_momentum, progress))

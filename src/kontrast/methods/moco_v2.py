@@ -1,0 +1,70 @@
+"""MoCo v2: momentum key encoder + queue of negatives (Chen et al. 2020, https://arxiv.org/abs/2003.04297).
+
+augment: MoCo v2 recipe (crop 0.2-1, jitter, grayscale, blur) -> encoder
+-> mlp(dim, 2048, 128) -> cosine / tau against [key, queue] -> InfoNCE.
+Paper: tau = 0.2, MLP head, momentum 0.999, queue 65536 (ImageNet).
+CIFAR-scale defaults, from the authors' CIFAR-10 demo (facebookresearch/moco,
+colab notebook): queue 4096, momentum 0.99, symmetric loss, SGD lr 0.06,
+weight decay 5e-4.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from kontrast.encoders.target import MomentumTarget
+from kontrast.extract import mlp
+from kontrast.losses import Queue, moco_loss
+from kontrast.methods import METHODS
+from kontrast.methods.base import Method, embedding_std
+
+
+@dataclass(frozen=True)
+class MoCoV2Params:
+    temperature: float = 0.2
+    queue_size: int = 4096
+    momentum: float = 0.99
+    proj_hidden: int = 2048
+    proj_dim: int = 128
+    symmetric: bool = True  # loss on both (q1, k2) and (q2, k1)
+
+
+@METHODS.register("moco_v2")
+class MoCoV2(Method):
+    description = "MoCo v2: momentum encoder, queue of negatives, MLP head (Chen et al. 2020)"
+    recipe = "moco_v2"
+    Params = MoCoV2Params
+
+    def __init__(self, encoder, params: MoCoV2Params):
+        super().__init__(encoder, params)
+        self.projector = mlp([encoder.dim, params.proj_hidden, params.proj_dim], norm=False)
+        self.target = MomentumTarget(self._online())
+        self.queue = Queue(params.queue_size, params.proj_dim)
+        self._keys: torch.Tensor | None = None
+
+    def _online(self) -> nn.Module:
+        return nn.Sequential(self.encoder, self.projector)
+
+    def training_step(self, views: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        p, b = self.params, views[0].shape[0]
+        x = torch.cat(views[:2])  # [2B, C, H, W]
+        q = self.projector(self.encoder(x))  # [2B, proj_dim] queries
+        k = self.target(x).detach()  # [2B, proj_dim] keys, no gradient
+        q1, q2, k1, k2 = q[:b], q[b:], k[:b], k[b:]
+        queue = self.queue.items.clone()  # [K, proj_dim] negatives before this step's push
+        loss = moco_loss(q1, k2, queue, p.temperature)
+        if p.symmetric:
+            loss = (loss + moco_loss(q2, k1, queue, p.temperature)) / 2
+            self._keys = k
+        else:
+            self._keys = k2
+        return {"loss": loss, "embedding_std": embedding_std(q1)}
+
+    def after_step(self, progress: float) -> None:
+        self.target.update(self._online(), self.params.momentum)
+        if self._keys is not None:
+            self.queue.push(nn.functional.normalize(self._keys.float(), dim=1))
+            self._keys = None

@@ -1,0 +1,44 @@
+"""SimCLR: two views, in-batch negatives, NT-Xent (Chen et al. 2020, https://arxiv.org/abs/2002.05709).
+
+augment: SimCLR CIFAR recipe (no blur) -> encoder -> mlp(dim, hidden, 128)
+-> cosine / tau -> NT-Xent. CIFAR defaults: tau = 0.5 (paper, appendix B.9),
+head hidden = encoder dim, output 128 (paper section 4.2 / appendix),
+SGD lr 0.06 x batch/256, weight decay 5e-4 (lightly's CIFAR-10 benchmark recipe).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kontrast.extract import mlp
+from kontrast.losses import nt_xent
+from kontrast.methods import METHODS
+from kontrast.methods.base import Method, embedding_std
+
+
+@dataclass(frozen=True)
+class SimCLRParams:
+    temperature: float = 0.5
+    proj_hidden: int = 0  # 0 = the encoder's feature dim, as in the paper
+    proj_dim: int = 128
+
+
+@METHODS.register("simclr")
+class SimCLR(Method):
+    description = "SimCLR v1: two views, in-batch negatives, NT-Xent (Chen et al. 2020)"
+    recipe = "simclr_cifar"
+    Params = SimCLRParams
+
+    def __init__(self, encoder, params: SimCLRParams):
+        super().__init__(encoder, params)
+        hidden = params.proj_hidden or encoder.dim
+        self.projector = mlp([encoder.dim, hidden, params.proj_dim])
+
+    def training_step(self, views: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        b = views[0].shape[0]
+        z = self.projector(self.encoder(torch.cat(views[:2])))  # [2B, proj_dim]
+        z1, z2 = z[:b], z[b:]  # [B, proj_dim] each
+        loss = nt_xent(z1, z2, self.params.temperature)
+        return {"loss": loss, "embedding_std": embedding_std(z1)}

@@ -1,0 +1,38 @@
+"""One registry type for encoders, methods and data sources (timm-style ``create_*``)."""
+
+from __future__ import annotations
+
+from typing import Callable, Generic, TypeVar
+
+from kontrast.errors import UserError
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """Name -> factory. ``@REG.register("name")`` adds one; ``REG.get(name)`` finds it."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._items: dict[str, T] = {}
+
+    def register(self, name: str) -> Callable[[T], T]:
+        def add(obj: T) -> T:
+            if name in self._items:
+                raise ValueError(f"{self.kind} {name!r} registered twice")
+            self._items[name] = obj
+            return obj
+
+        return add
+
+    def get(self, name: str) -> T:
+        if name not in self._items:
+            known = ", ".join(sorted(self._items))
+            raise UserError(f"unknown {self.kind} {name!r}; choose one of: {known}")
+        return self._items[name]
+
+    def names(self) -> list[str]:
+        return sorted(self._items)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._items

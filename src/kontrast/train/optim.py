@@ -1,0 +1,87 @@
+"""Optimizers (SGD, LARS, AdamW) and per-step schedules, precomputed.
+
+Norm and bias parameters (ndim <= 1) get no weight decay and, under LARS,
+no layer-wise adaptation (as in SimCLR and BYOL).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+
+from kontrast.config import OptimConfig
+from kontrast.errors import UserError
+
+
+class LARS(torch.optim.Optimizer):
+    """SGD with momentum and layer-wise adaptive rate scaling (You et al. 2017, https://arxiv.org/abs/1708.03888).
+
+    For each parameter with ``lars=True`` in its group, the update
+    ``g + wd * w`` is scaled by ``eta * ||w|| / ||g + wd * w||`` (when both norms > 0).
+    """
+
+    def __init__(self, params, lr: float, momentum: float = 0.9, weight_decay: float = 0.0, eta: float = 0.02):
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, eta=eta, lars=True))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                d = p.grad.add(p, alpha=group["weight_decay"]) if group["weight_decay"] else p.grad.clone()
+                if group["lars"]:
+                    w_norm, d_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(d)
+                    trust = torch.where((w_norm > 0) & (d_norm > 0), group["eta"] * w_norm / d_norm, 1.0)
+                    d.mul_(trust)
+                buf = self.state[p].get("momentum_buffer")
+                if buf is None:
+                    buf = self.state[p]["momentum_buffer"] = d
+                else:
+                    buf.mul_(group["momentum"]).add_(d)
+                p.add_(buf, alpha=-group["lr"])
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two groups: weights with decay; norms and biases without (and without LARS scaling)."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (no_decay if p.ndim <= 1 else decay).append(p)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0, "lars": False},
+    ]
+
+
+def peak_lr(cfg: OptimConfig, batch_size: int) -> float:
+    """Linear scaling rule (Goyal et al. 2017): lr x batch / lr_batch."""
+    return cfg.lr * batch_size / cfg.lr_batch
+
+
+def create_optimizer(model: nn.Module, cfg: OptimConfig, batch_size: int) -> torch.optim.Optimizer:
+    groups = param_groups(model, cfg.weight_decay)
+    lr = peak_lr(cfg, batch_size)
+    if cfg.name == "sgd":
+        for g in groups:
+            g.pop("lars", None)
+        return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum)
+    if cfg.name == "lars":
+        return LARS(groups, lr=lr, momentum=cfg.momentum, eta=cfg.lars_eta)
+    if cfg.name == "adamw":
+        for g in groups:
+            g.pop("lars", None)
+        return torch.optim.AdamW(groups, lr=lr, betas=tuple(cfg.betas))
+    raise UserError(f"unknown optimizer {cfg.name!r}; choose sgd, lars or adamw (optim.name)")
+
+
+def lr_schedule(peak: float, total_steps: int, warmup_steps: int, min_lr: float = 0.0) -> torch.Tensor:
+    """Per-step learning rates ``[total_steps]``: linear warm-up to ``peak``, then cosine to ``min_lr * peak``."""
+    steps = torch.arange(total_steps, dtype=torch.float64)
+    warm = peak * (steps + 1) / max(warmup_steps, 1)  # [T]
+    t = (steps - warmup_steps) / max(total_steps - warmup_steps, 1)  # [T] progress after warm-up
+    floor = min_lr * peak
+    cos = floor + (peak - floor) * 0.5 * (1 + torch.cos(math.pi * t))  # [T]
+    return torch.where(steps < warmup_steps, warm, cos)

@@ -1,0 +1,17 @@
+"""Shared test fixtures."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def shared_cifar_tar() -> Path:
+    """../shared/data/cifar10-jpeg.tar.gz; skips when absent, fails when absent under CI=true."""
+    path = Path(__file__).resolve().parents[2] / "shared/data/cifar10-jpeg.tar.gz"
+    if not path.is_file():
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"shared data missing under CI=true: {path}")
+        pytest.skip(f"shared data not found: {path}")
+    return path

@@ -1,0 +1,138 @@
+"""End to end through the CLI, and every bad input: one line, exit 2, nothing lost."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from kontrast.cli import main
+
+FAST = ["--set", "encoder.width=0.125", "--set", "train.log_every=1", "--no-progress"]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    """Run ``kontrast`` in a fresh process, as a user would."""
+    return subprocess.run([sys.executable, "-m", "kontrast.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert "Traceback" not in proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "run"
+    proc = run_cli("train", "--method", "simclr", "--data", "shapes:256", "--epochs", "1", "--batch-size", "64",
+                   "--out", str(out), *FAST)
+    assert proc.returncode == 0, proc.stderr
+    return out, proc
+
+
+def test_train_writes_a_complete_run(trained_run):
+    out, proc = trained_run
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["steps"] == 4 and summary["method"] == "simclr"
+    assert (out / "config.yaml").is_file() and (out / "metrics.jsonl").is_file() and (out / "tb").is_dir()
+    (ckpt,) = (out / "checkpoints").iterdir()
+    assert {p.name for p in ckpt.iterdir()} == {"model.safetensors", "optimizer.safetensors", "state.json"}
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 4
+
+
+def test_eval_json(trained_run):
+    out, _ = trained_run
+    proc = run_cli("eval", "--checkpoint", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert 0.0 <= result["knn_top1"] <= 1.0 and 0.0 <= result["linear_top1"] <= 1.0
+
+
+def test_methods_lists_every_method(capsys):
+    assert main(["methods"]) == 0
+    out = capsys.readouterr().out
+    for name in ("simclr", "moco_v2", "byol"):
+        assert name in out
+
+
+def test_existing_run_is_refused_and_kept(trained_run):
+    out, _ = trained_run
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    proc = run_cli("train", "--data", "shapes:256", "--epochs", "1", "--batch-size", "64", "--out", str(out), *FAST)
+    assert_one_line_error(proc, "already holds a run", "--resume", "--overwrite")
+    assert before == {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+
+
+def test_resume_continues_to_more_epochs(tmp_path):
+    out = tmp_path / "run"
+    args = ["--data", "shapes:256", "--batch-size", "64", "--out", str(out), *FAST]
+    assert run_cli("train", "--epochs", "1", *args).returncode == 0
+    proc = run_cli("train", "--epochs", "2", "--resume", *args)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["steps"] == 8
+    assert [p.name for p in sorted((out / "checkpoints").iterdir())] == ["step-00000004", "step-00000008"]
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["--method", "nope"], ["unknown method 'nope'", "simclr"]),
+    (["--data", "/does/not/exist"], ["/does/not/exist"]),
+    (["--set", "optim.lrr=1"], ["optim.lrr"]),
+    (["--set", "oops"], ["key=value"]),
+    (["--batch-size", "100000"], ["larger than the dataset"]),
+    (["--config", "/no/such.yaml"], ["config file not found"]),
+    (["--precision", "fp8"], ["fp8"]),
+])
+def test_bad_train_input(tmp_path, args, fragments):
+    out = tmp_path / "run"
+    # later flags win in argparse, so ``args`` replace the good defaults
+    proc = run_cli("train", "--data", "shapes:256", "--epochs", "1", "--batch-size", "64", *args,
+                   "--out", str(out), "--no-progress")
+    assert_one_line_error(proc, *fragments)
+    assert not (out / "checkpoints").exists()
+
+
+def test_empty_folder_and_corrupt_images(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert_one_line_error(run_cli("train", "--data", str(empty), "--out", str(tmp_path / "r1")), str(empty))
+    folder = tmp_path / "imgs" / "cls"
+    folder.mkdir(parents=True)
+    for i in range(8):
+        Image.new("RGB", (32, 32), (i * 30, 0, 0)).save(folder / f"{i}.png")
+    (folder / "broken.png").write_bytes(b"not an image")
+    proc = run_cli("train", "--data", str(tmp_path / "imgs"), "--epochs", "1", "--batch-size", "4",
+                   "--out", str(tmp_path / "r2"), *FAST)
+    assert_one_line_error(proc, "broken.png", "--skip-bad-images")
+    proc = run_cli("train", "--data", str(tmp_path / "imgs"), "--epochs", "1", "--batch-size", "4",
+                   "--out", str(tmp_path / "r2"), "--skip-bad-images", *FAST)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_bad_eval_input(tmp_path):
+    assert_one_line_error(run_cli("eval", "--checkpoint", str(tmp_path / "nothing")), "not found")
+    (tmp_path / "empty_run").mkdir()
+    assert_one_line_error(run_cli("eval", "--checkpoint", str(tmp_path / "empty_run")), "no complete checkpoint")
+
+
+def test_damaged_checkpoint_is_reported(trained_run, tmp_path):
+    import shutil
+
+    out, _ = trained_run
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    (ckpt,) = (copy / "checkpoints").iterdir()
+    data = (ckpt / "model.safetensors").read_bytes()
+    (ckpt / "model.safetensors").write_bytes(data[: len(data) // 2])
+    assert_one_line_error(run_cli("eval", "--checkpoint", str(copy)), "model.safetensors")
+
+
+def test_unknown_subcommand_is_one_line():
+    assert_one_line_error(run_cli("fly"), "invalid choice")

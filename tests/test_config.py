@@ -1,0 +1,65 @@
+"""Strict config loading, overrides and the recipes in configs/."""
+
+from pathlib import Path
+
+import pytest
+
+from kontrast.config import build_config, dump, load_yaml, parse_override, to_dict
+from kontrast.errors import UserError
+from kontrast.methods import METHODS
+from kontrast.methods.build import resolve
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def test_unknown_keys_are_errors():
+    with pytest.raises(UserError, match="optim.lrr"):
+        build_config({"optim": {"lrr": 1}})
+    with pytest.raises(UserError, match="unknown config section"):
+        build_config({"optimizer": {}})
+    with pytest.raises(UserError, match="method.temprature"):
+        resolve({"method": {"name": "simclr", "temprature": 0.1}})
+    with pytest.raises(UserError, match="unknown method"):
+        resolve({"method": {"name": "simclr2000"}})
+
+
+def test_types_are_checked():
+    with pytest.raises(UserError, match="train.epochs"):
+        build_config({"train": {"epochs": "ten"}})
+    assert build_config({"optim": {"lr": 1}}).optim.lr == 1.0  # ints widen to floats
+
+
+def test_override_parsing():
+    assert parse_override("optim.lr=0.1") == {"optim": {"lr": 0.1}}
+    assert parse_override("train.channels_last=true") == {"train": {"channels_last": True}}
+    assert parse_override("method.temperature=0.2") == {"method": {"temperature": 0.2}}
+    for bad in ("optim.lr", "lr=0.1"):
+        with pytest.raises(UserError):
+            parse_override(bad)
+
+
+def test_method_defaults_apply_under_user_values():
+    cfg = resolve({"method": {"name": "byol"}})
+    assert cfg.optim.name == "lars" and cfg.optim.lr == 1.0
+    cfg = resolve({"method": {"name": "byol"}, "optim": {"lr": 0.5}})
+    assert cfg.optim.name == "lars" and cfg.optim.lr == 0.5
+    assert cfg.method.args["base_momentum"] == 0.99
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = resolve({"method": {"name": "moco_v2", "queue_size": 1024}, "train": {"epochs": 3}})
+    dump(cfg, tmp_path / "c.yaml")
+    assert resolve(load_yaml(tmp_path / "c.yaml")) == cfg
+    assert to_dict(cfg)["method"]["queue_size"] == 1024
+
+
+@pytest.mark.parametrize("name", METHODS.names())
+def test_each_method_has_a_recipe_file_stating_its_defaults(name):
+    """configs/<method>_cifar.yaml states the method's hyperparameters and optimizer in full; keep it true."""
+    path = CONFIGS / f"{name}_cifar.yaml"
+    assert path.is_file(), f"missing {path}"
+    raw = load_yaml(path)
+    from_file, defaults = resolve(raw), resolve({"method": {"name": name}})
+    assert set(raw["method"]) - {"name"} == set(defaults.method.args), "state every method key"
+    assert from_file.method == defaults.method
+    assert from_file.optim == defaults.optim

@@ -1,0 +1,85 @@
+"""Stateful parts on tiny hand-checked cases: queue, EMA target, schedules, LARS."""
+
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+
+from kontrast.encoders.target import MomentumTarget, cosine_momentum
+from kontrast.losses import Queue
+from kontrast.train.optim import LARS, create_optimizer, lr_schedule, param_groups
+from kontrast.config import OptimConfig
+
+
+def test_queue_is_fifo_and_wraps():
+    q = Queue(size=5, dim=2)
+    assert torch.allclose(q.items.norm(dim=1), torch.ones(5))
+    q.push(torch.tensor([[1.0, 0], [2, 0], [3, 0]]))
+    assert q.ptr.item() == 3
+    q.push(torch.tensor([[4.0, 0], [5, 0], [6, 0]]))  # 4, 5 fill the end; 6 overwrites row 0
+    assert q.items[:, 0].tolist() == [6, 2, 3, 4, 5]
+    assert q.ptr.item() == 1
+    q.push(torch.arange(14.0).view(7, 2))  # more than size: the newest 5 win
+    assert sorted(q.items[:, 0].tolist()) == [4, 6, 8, 10, 12]
+
+
+def test_queue_in_state_dict():
+    q = Queue(4, 3)
+    q.push(torch.ones(2, 3))
+    sd = q.state_dict()
+    r = Queue(4, 3)
+    r.load_state_dict(sd)
+    assert torch.equal(r.items, q.items) and r.ptr.item() == 2
+
+
+def test_ema_update_is_exact():
+    online = nn.Linear(2, 1)
+    target = MomentumTarget(online)
+    assert all(not p.requires_grad for p in target.parameters())
+    before = [p.clone() for p in target.parameters()]
+    with torch.no_grad():
+        for p in online.parameters():
+            p.add_(1.0)
+    target.update(online, 0.9)
+    for t, b, o in zip(target.parameters(), before, online.parameters()):
+        assert torch.allclose(t, 0.9 * b + 0.1 * o, atol=1e-7)
+
+
+def test_cosine_momentum_schedule():
+    assert cosine_momentum(0.99, 0.0) == pytest.approx(0.99)
+    assert cosine_momentum(0.99, 0.5) == pytest.approx(0.995)
+    assert cosine_momentum(0.99, 1.0) == pytest.approx(1.0)
+
+
+def test_lr_schedule_warmup_then_cosine():
+    lrs = lr_schedule(1.0, total_steps=10, warmup_steps=4, min_lr=0.1)
+    assert lrs[:4].tolist() == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    # step 4 starts the cosine at the peak, decaying towards 0.1
+    expect = [0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (s - 4) / 6)) for s in range(4, 10)]
+    assert lrs[4:].tolist() == pytest.approx(expect)
+    assert lr_schedule(0.5, 3, 0).tolist() == pytest.approx([0.5, 0.5 * 0.5 * (1 + math.cos(math.pi / 3)),
+                                                            0.5 * 0.5 * (1 + math.cos(2 * math.pi / 3))])
+
+
+def test_no_weight_decay_on_norms_and_biases():
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    decay, no_decay = param_groups(model, 0.1)
+    assert [p.shape for p in decay["params"]] == [torch.Size([4, 3])]
+    assert len(no_decay["params"]) == 3 and no_decay["weight_decay"] == 0.0
+    for name in ("sgd", "lars", "adamw"):
+        opt = create_optimizer(model, OptimConfig(name=name, lr=0.1, lr_batch=256), batch_size=512)
+        assert opt.param_groups[0]["lr"] == pytest.approx(0.2)  # linear scaling
+
+
+def test_lars_step_matches_formula():
+    w = nn.Parameter(torch.tensor([3.0, 4.0]))  # |w| = 5
+    b = nn.Parameter(torch.tensor([1.0]))
+    opt = LARS([{"params": [w], "weight_decay": 0.1}, {"params": [b], "weight_decay": 0.0, "lars": False}],
+               lr=0.5, momentum=0.9, eta=0.02)
+    w.grad, b.grad = torch.tensor([1.0, 0.0]), torch.tensor([2.0])
+    opt.step()
+    d = torch.tensor([1.0, 0.0]) + 0.1 * torch.tensor([3.0, 4.0])
+    trust = 0.02 * 5.0 / d.norm()
+    assert torch.allclose(w.detach(), torch.tensor([3.0, 4.0]) - 0.5 * trust * d)
+    assert torch.allclose(b.detach(), torch.tensor([0.0]))  # 1 - 0.5 * 2, no trust ratio
