@@ -83,3 +83,19 @@ def test_lars_step_matches_formula():
     trust = 0.02 * 5.0 / d.norm()
     assert torch.allclose(w.detach(), torch.tensor([3.0, 4.0]) - 0.5 * trust * d)
     assert torch.allclose(b.detach(), torch.tensor([0.0]))  # 1 - 0.5 * 2, no trust ratio
+
+
+def test_grouped_and_shuffled_forward():
+    from kontrast.encoders.batchnorm import grouped_forward, shuffled_forward
+
+    x = torch.randn(12, 3)
+    lin = nn.Linear(3, 2)
+    assert torch.allclose(shuffled_forward(lin, x, 4), lin(x), atol=1e-6)  # order restored
+    bn = nn.BatchNorm1d(3)
+    out = grouped_forward(bn, x, 3)
+    for chunk, y in zip(x.chunk(3), out.chunk(3)):  # each group normalised by its own statistics
+        expect = (chunk - chunk.mean(0)) / torch.sqrt(chunk.var(0, unbiased=False) + bn.eps)
+        assert torch.allclose(y, expect, atol=1e-5)
+    torch.manual_seed(0)
+    shuffled = shuffled_forward(bn, x, 3)
+    assert shuffled.shape == x.shape and not torch.allclose(shuffled, out)

@@ -23,6 +23,13 @@ class DataConfig:
     size: int = 32  # training resolution (pixels)
     skip_bad_images: bool = False
     cache_dir: str | None = None
+    limit: int = 0  # train on a fixed random subset of this many images (0 = all)
+
+
+@dataclass(frozen=True)
+class AugmentConfig:
+    recipe: str | None = None  # None = the method's own recipe (see kontrast.augment.RECIPES)
+    view: Mapping[str, Any] = field(default_factory=dict)  # ViewSpec fields set on every view
 
 
 @dataclass(frozen=True)
@@ -77,6 +84,7 @@ class MethodConfig:
 class Config:
     method: MethodConfig = field(default_factory=MethodConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -141,6 +149,11 @@ def parse_override(text: str) -> dict:
         value = yaml.safe_load(raw)
     except yaml.YAMLError:
         value = raw
+    if isinstance(value, str):  # YAML 1.1 reads "1e-4" as a string
+        try:
+            value = float(value)
+        except ValueError:
+            pass
     nested: dict = {parts[-1]: value}
     for part in reversed(parts[:-1]):
         nested = {part: nested}

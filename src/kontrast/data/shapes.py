@@ -40,11 +40,16 @@ _CHUNK = 1024  # images rendered at once; bounds memory (16 MB per float grid at
 _MIN_DIAMETER, _MAX_DIAMETER = 0.35, 0.80  # shape diameter as a fraction of the image side
 _MAX_OUTSIDE = 0.25  # at most this fraction of the shape's radius may leave the image
 _MIN_LUMA_CONTRAST = 0.35  # |luma(fg) - luma(bg)| in [0, 1]; visible even in grayscale
-_MAX_GRADIENT = 0.2  # background gradient amplitude (per channel, per unit of distance)
-_STRIPE_PROB = 0.5
+_MAX_GRADIENT = 0.05  # background gradient amplitude (per channel, per unit of distance)
+_STRIPE_PROB = 0.0
 _MAX_STRIPE_AMP = 0.15
-_MAX_NOISE_STD = 0.05
+_NOISE_STD = 0.03  # the same for every image: a per-image level would be an instance shortcut
 _LUMA = torch.tensor([0.299, 0.587, 0.114])
+_PALETTE = torch.tensor([  # [6, 3] RGB in [0, 1]: few colours, so hundreds of images share each pair
+    [0.90, 0.10, 0.10], [0.10, 0.70, 0.20], [0.15, 0.25, 0.90], [0.95, 0.90, 0.15], [0.95, 0.95, 0.95],
+    [0.05, 0.05, 0.05],
+])
+_SHADE = 0.08  # per-channel perturbation of a palette colour
 
 _ShapeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -113,21 +118,31 @@ def _draw_params(n: int, g: torch.Generator) -> _Params:
         stripe_freq=uniform(2.0, 5.0),
         stripe_phase=uniform(0, 2 * math.pi),
         stripe_amp=uniform(-_MAX_STRIPE_AMP, _MAX_STRIPE_AMP, 3) * striped[:, None],
-        noise_std=uniform(0, _MAX_NOISE_STD),
+        noise_std=torch.full((n,), _NOISE_STD),
     )
 
 
 def _contrasting_colours(n: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Uniform random RGB pairs, redrawn (whole batch per round) until luma differs enough."""
-    fg = torch.rand(n, 3, generator=g)  # [n, 3]
-    bg = torch.rand(n, 3, generator=g)  # [n, 3]
+    """Foreground/background pairs from a small palette, each shade slightly perturbed.
+
+    A palette (not uniform RGB) keeps colour a poor *instance* identifier: hundreds of images
+    share each colour pair, so instance discrimination cannot be solved by colour alone and a
+    contrastive encoder must learn shape, while raw-pixel neighbours still match by colour.
+    Pairs are redrawn (whole batch per round) until their luma differs enough.
+    """
+    fg, bg = _shaded_palette(n, g), _shaded_palette(n, g)  # [n, 3] each
     while True:
         weak = ((fg - bg) @ _LUMA).abs() < _MIN_LUMA_CONTRAST  # bool [n]
         count = int(weak.sum())
         if count == 0:
             return fg, bg
-        fg[weak] = torch.rand(count, 3, generator=g)
-        bg[weak] = torch.rand(count, 3, generator=g)
+        fg[weak], bg[weak] = _shaded_palette(count, g), _shaded_palette(count, g)
+
+
+def _shaded_palette(n: int, g: torch.Generator) -> torch.Tensor:
+    """``n`` palette colours, each channel perturbed by up to ``_SHADE``: ``[n, 3]``."""
+    base = _PALETTE[torch.randint(len(_PALETTE), (n,), generator=g)]  # [n, 3]
+    return (base + _SHADE * (2 * torch.rand(n, 3, generator=g) - 1)).clamp(0, 1)
 
 
 def _paint(alpha: torch.Tensor, p: _Params, g: torch.Generator) -> torch.Tensor:

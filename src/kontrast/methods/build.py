@@ -36,9 +36,13 @@ def create_method(cfg: Config) -> Method:
 
 
 def view_specs(cfg: Config, method: Method) -> tuple:
-    """The method's augment recipe at the configured resolution."""
+    """The augment recipe (the method's, or ``augment.recipe``) with ``augment.view`` overrides
+    and the configured resolution applied to every view."""
     from dataclasses import replace
 
-    from kontrast.augment import get_recipe
+    from kontrast.augment import ViewSpec, get_recipe
 
-    return tuple(replace(spec, size=cfg.data.size) for spec in get_recipe(method.recipe))
+    recipe = get_recipe(cfg.augment.recipe or method.recipe)
+    overrides = _section(ViewSpec, {**cfg.augment.view, "size": cfg.data.size}, "augment.view")
+    changed = {k: getattr(overrides, k) for k in [*cfg.augment.view, "size"]}
+    return tuple(replace(spec, **changed) for spec in recipe)

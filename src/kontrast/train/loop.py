@@ -12,6 +12,7 @@ import json
 import math
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -104,6 +105,9 @@ def fit(cfg: Config, run_dir: str | Path, *, resume: bool = False, overwrite: bo
 
     data = load_images(cfg.data.source, "train", size=cfg.data.size, cache_dir=cfg.data.cache_dir,
                        skip_bad_images=cfg.data.skip_bad_images)
+    if 0 < cfg.data.limit < len(data.images):
+        keep = torch.randperm(len(data.images), generator=torch.Generator().manual_seed(tc.seed))[: cfg.data.limit]
+        data = replace(data, images=data.images[keep], labels=None if data.labels is None else data.labels[keep])
     n = len(data.images)
     steps_per_epoch = len(batch_indices(n, tc.batch_size, 0, tc.seed))
     total_steps = tc.epochs * steps_per_epoch
@@ -137,8 +141,19 @@ def fit(cfg: Config, run_dir: str | Path, *, resume: bool = False, overwrite: bo
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=tc.precision == "bf16")
     step, t_window, n_window, t_start = start_step, time.perf_counter(), 0, time.perf_counter()
     last = {}
+    def knn_monitor(epoch: int) -> None:
+        spec = specs[0]
+        res = evaluate_encoder(method.encoder, *knn_sets, cfg.eval, mean=spec.mean, std=spec.std,
+                               device=str(device), precision=tc.precision, linear=False,
+                               max_train=tc.knn_max_train)
+        log.write(step, {"epoch": epoch, "knn_top1": res["knn_top1"]})
+        bar.write(f"epoch {epoch}: kNN top-1 {res['knn_top1']:.4f}")
+        method.train()
+
     method.train()
     try:
+        if knn_sets and start_step == 0:
+            knn_monitor(0)  # the untrained encoder: the baseline every later figure is read against
         for epoch in range(start_step // steps_per_epoch, tc.epochs):
             for i, idx in enumerate(batch_indices(n, tc.batch_size, epoch, tc.seed)):
                 if epoch * steps_per_epoch + i < start_step:
@@ -160,7 +175,7 @@ def fit(cfg: Config, run_dir: str | Path, *, resume: bool = False, overwrite: bo
                 bar.update(1)
                 if step % tc.log_every == 0 or step == total_steps:
                     now = time.perf_counter()
-                    last = {k: float(v) for k, v in out.items()}
+                    last = {k: float(v.detach()) for k, v in out.items()}
                     if not math.isfinite(last["loss"]):
                         ckpt = latest_checkpoint(run_dir)
                         raise UserError(f"loss became {last['loss']} at step {step}; last good checkpoint: "
@@ -171,13 +186,7 @@ def fit(cfg: Config, run_dir: str | Path, *, resume: bool = False, overwrite: bo
                     t_window, n_window = now, 0
             epoch_done = epoch + 1
             if knn_sets and (epoch_done % tc.knn_every == 0 or epoch_done == tc.epochs):
-                spec = specs[0]
-                res = evaluate_encoder(method.encoder, *knn_sets, cfg.eval, mean=spec.mean, std=spec.std,
-                                       device=str(device), precision=tc.precision, linear=False,
-                                       max_train=tc.knn_max_train)
-                log.write(step, {"epoch": epoch, "knn_top1": res["knn_top1"]})
-                bar.write(f"epoch {epoch_done}: kNN top-1 {res['knn_top1']:.4f}")
-                method.train()
+                knn_monitor(epoch_done)
             if not _all_finite(method):
                 raise UserError(f"weights became non-finite in epoch {epoch_done}; not checkpointed; "
                                 f"last good checkpoint: {latest_checkpoint(run_dir) or 'none'}")
