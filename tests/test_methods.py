@@ -63,8 +63,8 @@ def test_learning(name, tmp_path, shared_cifar_tar):
     raw = {
         "method": {"name": name, **LEARNING[name].get("method", {})}, **TINY,
         "data": {"source": str(shared_cifar_tar), "limit": 4000},
-        "train": {"epochs": LEARNING[name].get("epochs", 4), "batch_size": 128, "log_every": 5, "knn_every": 4, "precision": "bf16",
-                  "knn_max_train": 4000},
+        "train": {"epochs": LEARNING[name].get("epochs", 4), "batch_size": 128, "log_every": 5,
+                  "knn_every": 4, "precision": "bf16", "knn_max_train": 4000},
     }
     fit(resolve(raw), tmp_path / "run", progress=False)
     lines = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
