@@ -11,14 +11,13 @@ import torch.nn as nn
 
 from kontrast.config import EvalConfig
 from kontrast.data import ImageSet
+from kontrast.errors import UserError
 from kontrast.evaluate.features import extract_features, raw_pixel_features
 from kontrast.evaluate.knn import knn_top1
 from kontrast.evaluate.linear import linear_probe
 
 
 def _check_labels(train: ImageSet, test: ImageSet) -> None:
-    from kontrast.errors import UserError
-
     if train.labels is None or test.labels is None:
         raise UserError(f"evaluation needs labelled data, but {train.name} has no class folders")
 
