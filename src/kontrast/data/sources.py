@@ -81,6 +81,14 @@ class ImageSet:
     def __len__(self) -> int:
         return int(self.images.shape[0])
 
+    def subset(self, n: int, seed: int = 0) -> "ImageSet":
+        """A fixed random subset of ``n`` images (sources are often sorted by class); self if n covers all."""
+        if not 0 < n < len(self):
+            return self
+        keep = torch.randperm(len(self), generator=torch.Generator().manual_seed(seed))[:n]  # [n]
+        labels = None if self.labels is None else self.labels[keep]
+        return ImageSet(self.images[keep], labels, self.classes, self.name)
+
 
 def load_images(
     source: str | os.PathLike,

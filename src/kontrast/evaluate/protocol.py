@@ -39,10 +39,8 @@ def evaluate_encoder(
 ) -> dict[str, float]:
     """Extract features of both splits with ``encoder`` and score them."""
     _check_labels(train, test)
-    images, labels = train.images, train.labels
-    if max_train and len(images) > max_train:  # a fixed random subset: sources are often sorted by class
-        keep = torch.randperm(len(images), generator=torch.Generator().manual_seed(0))[:max_train]
-        images, labels = images[keep], labels[keep]
+    bank = train.subset(max_train) if max_train else train
+    images, labels = bank.images, bank.labels
     kw = dict(mean=mean, std=std, batch_size=cfg.batch_size, device=device, precision=precision)
     train_x = extract_features(encoder, images, **kw)
     test_x = extract_features(encoder, test.images, **kw)

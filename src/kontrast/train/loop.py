@@ -12,7 +12,6 @@ import json
 import math
 import shutil
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -105,9 +104,7 @@ def fit(cfg: Config, run_dir: str | Path, *, resume: bool = False, overwrite: bo
 
     data = load_images(cfg.data.source, "train", size=cfg.data.size, cache_dir=cfg.data.cache_dir,
                        skip_bad_images=cfg.data.skip_bad_images)
-    if 0 < cfg.data.limit < len(data.images):
-        keep = torch.randperm(len(data.images), generator=torch.Generator().manual_seed(tc.seed))[: cfg.data.limit]
-        data = replace(data, images=data.images[keep], labels=None if data.labels is None else data.labels[keep])
+    data = data.subset(cfg.data.limit, seed=tc.seed)
     n = len(data.images)
     steps_per_epoch = len(batch_indices(n, tc.batch_size, 0, tc.seed))
     total_steps = tc.epochs * steps_per_epoch
@@ -141,6 +138,7 @@ def fit(cfg: Config, run_dir: str | Path, *, resume: bool = False, overwrite: bo
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=tc.precision == "bf16")
     step, t_window, n_window, t_start = start_step, time.perf_counter(), 0, time.perf_counter()
     last = {}
+
     def knn_monitor(epoch: int) -> None:
         spec = specs[0]
         res = evaluate_encoder(method.encoder, *knn_sets, cfg.eval, mean=spec.mean, std=spec.std,
