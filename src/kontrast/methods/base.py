@@ -1,6 +1,7 @@
 """What every method is: a composition of the five rooms behind two hooks.
 
-The training loop calls ``training_step(views) -> {"loss": ..., ...}`` and then,
+The training loop calls ``training_step(views, indices) -> {"loss": ..., ...}`` (``indices``:
+the batch's positions in the dataset, [B] long, for per-sample state such as memory banks) and then,
 after the optimizer step, ``after_step(progress)`` where stateful parts
 (queues, EMA targets, memory banks) are updated. The loop knows nothing else.
 """
@@ -29,12 +30,13 @@ class Method(nn.Module):
     Params: ClassVar[type]
     defaults: ClassVar[Mapping[str, Any]] = {}
 
-    def __init__(self, encoder: nn.Module, params: Any):
+    def __init__(self, encoder: nn.Module, params: Any, num_samples: int = 0):
         super().__init__()
         self.encoder = encoder
         self.params = params
+        self.num_samples = num_samples  # training-set size, for per-sample state (0 when unknown)
 
-    def training_step(self, views: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
     def after_step(self, progress: float) -> None:

@@ -29,10 +29,11 @@ def resolve(raw: dict) -> Config:
     return build_config(full)
 
 
-def create_method(cfg: Config) -> Method:
+def create_method(cfg: Config, num_samples: int = 0) -> Method:
+    """The configured method; ``num_samples`` (training-set size) sizes per-sample state such as memory banks."""
     cls = METHODS.get(cfg.method.name)
     encoder = create_encoder(cfg.encoder.name, stem=cfg.encoder.stem, width=cfg.encoder.width)
-    return cls(encoder, method_params(cfg.method.name, dict(cfg.method.args)))
+    return cls(encoder, method_params(cfg.method.name, dict(cfg.method.args)), num_samples)
 
 
 def view_specs(cfg: Config, method: Method) -> tuple:

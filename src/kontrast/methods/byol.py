@@ -37,8 +37,8 @@ class BYOL(Method):
     Params = BYOLParams
     defaults = {"optim": {"name": "lars", "lr": 1.0, "weight_decay": 1e-5}}
 
-    def __init__(self, encoder, params: BYOLParams):
-        super().__init__(encoder, params)
+    def __init__(self, encoder, params: BYOLParams, num_samples: int = 0):
+        super().__init__(encoder, params, num_samples)
         self.projector = mlp([encoder.dim, params.proj_hidden, params.proj_dim])
         self.predictor = mlp([params.proj_dim, params.pred_hidden, params.proj_dim])
         self.target = MomentumTarget(self._online())
@@ -46,7 +46,7 @@ class BYOL(Method):
     def _online(self) -> nn.Module:
         return nn.Sequential(self.encoder, self.projector)
 
-    def training_step(self, views: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         b = views[0].shape[0]
         x = torch.cat(views[:2])  # [2B, C, H, W]
         z = self.projector(self.encoder(x))  # [2B, proj_dim]

@@ -48,8 +48,8 @@ class MoCoV2(Method):
     recipe = "moco_v2"
     Params = MoCoV2Params
 
-    def __init__(self, encoder, params: MoCoV2Params):
-        super().__init__(encoder, params)
+    def __init__(self, encoder, params: MoCoV2Params, num_samples: int = 0):
+        super().__init__(encoder, params, num_samples)
         self.projector = mlp([encoder.dim, params.proj_hidden, params.proj_dim], norm=params.proj_bn)
         self.target = MomentumTarget(self._online())
         self.queue = Queue(params.queue_size, params.proj_dim)
@@ -58,7 +58,7 @@ class MoCoV2(Method):
     def _online(self) -> nn.Module:
         return nn.Sequential(self.encoder, self.projector)
 
-    def training_step(self, views: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         p, b = self.params, views[0].shape[0]
         x = torch.cat(views[:2])  # [2B, C, H, W]
         q = grouped_forward(self._online(), x, p.bn_groups)  # [2B, proj_dim] queries

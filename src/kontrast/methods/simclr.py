@@ -31,12 +31,12 @@ class SimCLR(Method):
     recipe = "simclr_cifar"
     Params = SimCLRParams
 
-    def __init__(self, encoder, params: SimCLRParams):
-        super().__init__(encoder, params)
+    def __init__(self, encoder, params: SimCLRParams, num_samples: int = 0):
+        super().__init__(encoder, params, num_samples)
         hidden = params.proj_hidden or encoder.dim
         self.projector = mlp([encoder.dim, hidden, params.proj_dim])
 
-    def training_step(self, views: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         b = views[0].shape[0]
         z = self.projector(self.encoder(torch.cat(views[:2])))  # [2B, proj_dim]
         z1, z2 = z[:b], z[b:]  # [B, proj_dim] each

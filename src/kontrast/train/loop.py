@@ -110,7 +110,7 @@ def fit(cfg: Config, run_dir: str | Path, *, resume: bool = False, overwrite: bo
     total_steps = tc.epochs * steps_per_epoch
 
     torch.manual_seed(tc.seed)
-    method = create_method(cfg).to(device)
+    method = create_method(cfg, num_samples=n).to(device)
     if tc.channels_last:
         method = method.to(memory_format=torch.channels_last)
     specs = view_specs(cfg, method)
@@ -159,11 +159,12 @@ def fit(cfg: Config, run_dir: str | Path, *, resume: bool = False, overwrite: bo
                 for group in optimizer.param_groups:
                     group["lr"] = lrs[step]
                 gen = torch.Generator(device).manual_seed(step_seed(tc.seed, epoch, i))
-                views = make_views(images[idx.to(device)], specs, gen)
+                idx = idx.to(device)
+                views = make_views(images[idx], specs, gen)
                 if tc.channels_last:
                     views = [v.contiguous(memory_format=torch.channels_last) for v in views]
                 with autocast:
-                    out = method.training_step(views)
+                    out = method.training_step(views, idx)
                 optimizer.zero_grad(set_to_none=True)
                 out["loss"].backward()
                 optimizer.step()
