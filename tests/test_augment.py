@@ -243,7 +243,7 @@ def test_make_views_shapes(name):
     images = torch.randint(0, 256, (5, 3, 40, 36), dtype=torch.uint8, generator=gen(2))
     specs = get_recipe(name)
     views = make_views(images, specs, gen(0))
-    assert len(views) == len(specs) == 2
+    assert len(views) == len(specs) >= 1  # one view (CLIP, CPC) to six (SwAV multi-crop)
     for v, spec in zip(views, specs):
         assert v.shape == (5, 3, spec.size, spec.size) and v.dtype == torch.float32
         assert torch.isfinite(v).all()
@@ -301,8 +301,13 @@ def test_operator_calls_do_not_grow_with_batch(name):
         images = torch.randint(0, 256, (b, 3, 32, 32), dtype=torch.uint8, generator=gen(0))
         make_views(images, specs, gen(0))  # warm-up
         counts[b] = op_counts(lambda: make_views(images, specs, gen(0)))
-    assert counts[8] == counts[64]
-    assert sum(counts[8][1].values()) < 1000  # a fixed, modest number of calls for two views
+    # torch.zeros allocates small tensors zeroed and fills large ones with one aten::fill_ (RandAugment's
+    # equalize histogram crosses that size between 8 and 64 images): not a per-sample call, so not counted
+    assert {k: v for k, v in counts[8][0].items() if k != "aten::fill_"} == \
+        {k: v for k, v in counts[64][0].items() if k != "aten::fill_"}
+    assert counts[8][1] == counts[64][1]
+    # a fixed, modest number of calls per view; RandAugment computes all its 15 ops in each of its layers
+    assert sum(counts[8][1].values()) < 500 * len(specs) + 400 * sum(s.randaugment_n for s in specs)
     host_reads = {"aten::item", "aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select"}
     assert not host_reads & set(counts[64][0])  # nothing that would synchronise with a GPU
 

@@ -44,7 +44,8 @@ def test_train_writes_a_complete_run(trained_run):
     assert summary["steps"] == 4 and summary["method"] == "simclr"
     assert (out / "config.yaml").is_file() and (out / "metrics.jsonl").is_file() and (out / "tb").is_dir()
     (ckpt,) = (out / "checkpoints").iterdir()
-    assert {p.name for p in ckpt.iterdir()} == {"model.safetensors", "optimizer.safetensors", "state.json"}
+    assert {p.name for p in ckpt.iterdir()} == {"model.safetensors", "optimizer.safetensors", "rng.safetensors",
+                                                "state.json"}
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 4
 
 

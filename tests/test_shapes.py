@@ -51,10 +51,21 @@ def test_classes_balanced(n):
     assert counts.max() - counts.min() <= 1
 
 
-def test_foreground_background_contrast_enforced():
-    fg, bg = shapes_module._contrasting_colours(5000, torch.Generator().manual_seed(0))
-    luma = torch.tensor([0.299, 0.587, 0.114])
-    assert ((fg - bg) @ luma).abs().min() >= shapes_module._MIN_LUMA_CONTRAST
+def test_colours_vary_within_simclr_jitter_and_stay_visible():
+    """Each image's pair is the base pair through one colour jitter: colours vary, the shape stays visible."""
+    fg, bg = shapes_module._jittered_pair(5000, torch.Generator().manual_seed(0))  # [5000, 3] each
+    assert fg.shape == bg.shape == (5000, 3) and 0 <= fg.min() and fg.max() <= 1
+    assert fg.std(dim=0).min() > 0.05 and bg.std(dim=0).min() > 0.02  # per-channel spread across images
+    assert (fg - bg).abs().amax(dim=1).min() > 0.1  # the shape always differs from its background
+    # zero jitter gives back the base pair exactly
+    saved = shapes_module._JITTER
+    try:
+        shapes_module._JITTER = (0.0, 0.0, 0.0, 0.0)
+        fg0, bg0 = shapes_module._jittered_pair(3, torch.Generator().manual_seed(0))
+    finally:
+        shapes_module._JITTER = saved
+    assert torch.allclose(fg0, shapes_module._BASE_FG.expand(3, 3), atol=1e-6)
+    assert torch.allclose(bg0, shapes_module._BASE_BG.expand(3, 3), atol=1e-6)
 
 
 def test_raw_pixel_knn_is_poor():

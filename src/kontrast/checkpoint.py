@@ -1,14 +1,22 @@
-"""Checkpoints: weights in safetensors, state in JSON, written atomically.
+"""Checkpoints: tensors in safetensors, state in JSON, written atomically, verified on load.
 
-Layout: ``RUN/checkpoints/step-00001234/{model,optimizer}.safetensors`` plus
-``state.json`` (written last). A checkpoint is written into a temporary
-folder, fsynced, then renamed into place, so a crash never leaves half of one;
-older ones are pruned only after the new one is complete. Nothing is ever
-unpickled.
+Layout: ``RUN/checkpoints/step-00001234/`` holding ``model.safetensors`` (the method's whole
+``state_dict``: weights, EMA targets, queues and their pointers, every registered buffer),
+``optimizer.safetensors``, ``rng.safetensors`` (generator states) and ``state.json``
+(step, epoch, the loop's counters, the optimizer's non-tensor state, the sha256 of every
+tensor file, and a checksum of itself). ``state.json`` is written last.
+
+A checkpoint is written into a temporary folder, each file fsynced, then the folder is
+renamed into place and the parent fsynced, so a crash never leaves half of one under a
+``step-*`` name; older ones are pruned only after the new one is complete. On load every
+file is checked against its recorded sha256 before it is parsed, so a truncated or
+bit-flipped checkpoint is an error naming the file, never weights that are silently wrong.
+Nothing is ever unpickled: safetensors and JSON cannot carry code.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -18,11 +26,20 @@ from typing import Any
 import torch
 import torch.nn as nn
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load as load_bytes
+from safetensors.torch import save as save_bytes
 
+from kontrast import faults
 from kontrast.errors import UserError
 
 STATE_FILE = "state.json"
+MODEL_FILE, OPTIMIZER_FILE, RNG_FILE = "model.safetensors", "optimizer.safetensors", "rng.safetensors"
+FORMAT = 2  # 2: sha256 of every file and a self-checksum in state.json (1 had neither)
+TMP_PREFIX = ".tmp-"
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def _fsync_dir(path: Path) -> None:
@@ -33,10 +50,22 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(path))
-    with open(path, "rb") as f:
+def _write_file(path: Path, data: bytes) -> str:
+    """Write ``data``, fsync it, return its sha256."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
         os.fsync(f.fileno())
+    return _sha256(data)
+
+
+def _tensor_bytes(tensors: dict[str, torch.Tensor]) -> bytes:
+    return save_bytes({k: v.detach().contiguous().cpu() for k, v in tensors.items()})
+
+
+def _state_checksum(state: dict) -> str:
+    body = {k: v for k, v in state.items() if k != "checksum"}
+    return _sha256(json.dumps(body, sort_keys=True).encode())
 
 
 def _flatten_optimizer(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
@@ -72,29 +101,45 @@ def checkpoint_dirs(run_dir: Path) -> list[Path]:
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint (half-written ones never carry a ``step-*`` name)."""
     dirs = checkpoint_dirs(run_dir)
     return dirs[-1] if dirs else None
 
 
+def remove_partial(run_dir: Path) -> list[Path]:
+    """Delete temporary folders a crash left behind mid-write; returns what was removed."""
+    root = Path(run_dir) / "checkpoints"
+    stale = sorted(root.glob(TMP_PREFIX + "*")) if root.is_dir() else []
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
+
+
 def save_checkpoint(
-    run_dir: Path, method: nn.Module, optimizer: torch.optim.Optimizer, state: dict, keep: int = 2
+    run_dir: Path,
+    method: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    state: dict,
+    keep: int = 2,
+    rng: dict[str, torch.Tensor] | None = None,
 ) -> Path:
-    """Write ``method``'s weights, the optimizer and ``state`` (must hold ``step``) atomically."""
+    """Write ``method``'s state_dict, the optimizer, ``rng`` and ``state`` (must hold ``step``) atomically."""
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{state['step']:08d}"
-    tmp = root / f".tmp-{final.name}-{os.getpid()}"
+    tmp = root / f"{TMP_PREFIX}{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    _write_tensors(method.state_dict(), tmp / "model.safetensors")
+    files = {MODEL_FILE: _write_file(tmp / MODEL_FILE, _tensor_bytes(method.state_dict()))}
+    faults.kill_in_checkpoint(state["step"])  # test hook: a crash with half a checkpoint written
     opt_tensors, opt_meta = _flatten_optimizer(optimizer)
-    _write_tensors(opt_tensors, tmp / "optimizer.safetensors")
-    with open(tmp / STATE_FILE, "w") as f:
-        json.dump({**state, "optimizer": opt_meta}, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
+    files[OPTIMIZER_FILE] = _write_file(tmp / OPTIMIZER_FILE, _tensor_bytes(opt_tensors))
+    files[RNG_FILE] = _write_file(tmp / RNG_FILE, _tensor_bytes(rng or {}))
+    full = {**state, "format": FORMAT, "optimizer": opt_meta, "files": files}
+    full["checksum"] = _state_checksum(full)
+    _write_file(tmp / STATE_FILE, json.dumps(full, indent=1).encode())
     _fsync_dir(tmp)
-    if final.exists():
+    if final.exists():  # the same step written again (e.g. a run re-started from it): replace it
         shutil.rmtree(final)
     os.replace(tmp, final)
     _fsync_dir(root)
@@ -103,42 +148,103 @@ def save_checkpoint(
     return final
 
 
-def load_weights(path: Path, method: nn.Module) -> None:
-    """Load ``model.safetensors`` into ``method``; a clear error on damage or mismatch."""
-    file = Path(path) / "model.safetensors"
+# ----------------------------------------------------------------------------- loading
+
+
+def _earlier(path: Path) -> str:
+    """Advice naming the checkpoint before ``path`` in its run, if any."""
+    others = [p for p in checkpoint_dirs(path.parent.parent) if p.name < path.name] if path.parent.name == "checkpoints" else []
+    if others:
+        return f"delete {path} to resume from {others[-1].name}"
+    return "no earlier checkpoint exists; start the run again with --overwrite"
+
+
+def read_state(path: Path) -> dict:
+    """``state.json`` of checkpoint folder ``path``, its self-checksum verified."""
+    path = Path(path)
+    file = path / STATE_FILE
     try:
-        tensors = load_file(str(file))
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise UserError(f"checkpoint {file} is damaged or unreadable ({exc}); resume from an earlier one") from None
-    expected = method.state_dict()
+        state = json.loads(file.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"checkpoint state {file} is damaged or unreadable ({exc}); {_earlier(path)}") from None
+    if not isinstance(state, dict) or "step" not in state:
+        raise UserError(f"checkpoint state {file} is not a kontrast checkpoint state; {_earlier(path)}")
+    if "checksum" in state and state["checksum"] != _state_checksum(state):
+        raise UserError(f"checkpoint state {file} is damaged: its checksum does not match its content; "
+                        f"{_earlier(path)}")
+    return state
+
+
+def _read_tensors(path: Path, name: str, state: dict) -> dict[str, torch.Tensor]:
+    """A tensor file of the checkpoint, its sha256 checked against ``state`` before parsing."""
+    file = Path(path) / name
+    try:
+        data = file.read_bytes()
+    except OSError as exc:
+        raise UserError(f"checkpoint file {file} is missing or unreadable ({exc.strerror}); {_earlier(Path(path))}") from None
+    expected = state.get("files", {}).get(name)
+    if expected is not None and _sha256(data) != expected:
+        raise UserError(f"checkpoint file {file} is damaged: {len(data)} bytes whose sha256 differs from the "
+                        f"one recorded when it was written (truncated or bit-flipped); {_earlier(Path(path))}")
+    try:
+        return load_bytes(data)
+    except (SafetensorError, ValueError, RuntimeError) as exc:
+        raise UserError(f"checkpoint {file} is damaged or not a safetensors file ({exc}); {_earlier(Path(path))}") from None
+
+
+def _check_fits(file: Path, tensors: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
     missing = sorted(set(expected) - set(tensors))
     extra = sorted(set(tensors) - set(expected))
     if missing or extra:
         raise UserError(
             f"checkpoint {file} does not fit this method: missing {missing[:3]}, unexpected {extra[:3]}; "
-            "check --method and the encoder settings"
+            "check --method and the method's settings"
         )
     for key, value in tensors.items():
-        if value.shape != expected[key].shape:
+        want = expected[key]
+        if value.shape != want.shape or value.dtype != want.dtype:
             raise UserError(
-                f"checkpoint {file}: {key} has shape {tuple(value.shape)}, the model expects "
-                f"{tuple(expected[key].shape)}; check the encoder width and head sizes"
+                f"checkpoint {file}: {key} is {value.dtype} {tuple(value.shape)}, the model expects "
+                f"{want.dtype} {tuple(want.shape)}; check the encoder width and head sizes"
             )
-    method.load_state_dict(tensors)
 
 
-def load_checkpoint(path: Path, method: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
-    """Restore weights (and optimizer) from a checkpoint folder; returns its state dict."""
+def load_weights(path: Path, method: nn.Module, method_name: str | None = None) -> dict:
+    """Load ``model.safetensors`` into ``method`` after verifying it; returns the checkpoint's state.
+
+    ``method_name``: the method the caller built; a checkpoint written by another one is refused.
+    """
     path = Path(path)
-    try:
-        state = json.loads((path / STATE_FILE).read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"checkpoint state {path / STATE_FILE} is damaged or unreadable ({exc})") from None
-    load_weights(path, method)
+    state = read_state(path)
+    saved = state.get("method")
+    if method_name is not None and saved is not None and saved != method_name:
+        raise UserError(f"checkpoint {path} was written by method {saved!r}, not {method_name!r}; "
+                        f"use --method {saved} or another run directory")
+    tensors = _read_tensors(path, MODEL_FILE, state)
+    _check_fits(path / MODEL_FILE, tensors, method.state_dict())
+    method.load_state_dict(tensors)
+    return state
+
+
+def load_checkpoint(
+    path: Path, method: nn.Module, optimizer: torch.optim.Optimizer | None = None, method_name: str | None = None
+) -> dict:
+    """Restore the method (and optimizer) from a checkpoint folder; returns its state, with
+    the generator states under ``"rng"`` (a dict of uint8 tensors, possibly empty)."""
+    path = Path(path)
+    state = load_weights(path, method, method_name)
     if optimizer is not None:
+        tensors = _read_tensors(path, OPTIMIZER_FILE, state)
         try:
-            tensors = load_file(str(path / "optimizer.safetensors"))
             optimizer.load_state_dict(_unflatten_optimizer(tensors, state["optimizer"]))
-        except (SafetensorError, OSError, ValueError, KeyError) as exc:
-            raise UserError(f"optimizer state in {path} is damaged or does not fit ({exc})") from None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UserError(f"optimizer state in {path} does not fit this run ({exc}); "
+                            "check optim.name and the method's settings") from None
+        for group in optimizer.param_groups:  # torch does not check buffer shapes against the parameters
+            for p in group["params"]:
+                for key, value in optimizer.state.get(p, {}).items():
+                    if torch.is_tensor(value) and value.ndim and value.shape != p.shape:
+                        raise UserError(f"optimizer state in {path}: {key} has shape {tuple(value.shape)} for a "
+                                        f"parameter of shape {tuple(p.shape)}; check the method's settings")
+    state["rng"] = _read_tensors(path, RNG_FILE, state) if (path / RNG_FILE).exists() else {}
     return state

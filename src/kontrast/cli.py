@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from kontrast.errors import UserError
+from kontrast.errors import Interrupted, UserError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -43,12 +43,85 @@ def _eval_args(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def _csv(kind):
+    def parse(text: str) -> tuple:
+        return tuple(kind(item) for item in text.split(",") if item)
+
+    return parse
+
+
+def _theory_args(sub) -> None:
+    p = sub.add_parser("theory", help="check contrastive-learning theory on worlds where the truth is known")
+    which = p.add_subparsers(dest="experiment", required=True, parser_class=_Parser)
+    s = which.add_parser("spectral", help="contrastive learning vs spectral clustering of a known augmentation graph")
+    s.add_argument("--out", default="runs/theory", help="folder for spectral.json and spectral.png")
+    for name, kind in (("n", int), ("k", int), ("steps", int), ("batch", int), ("seeds", int), ("seed", int),
+                       ("eval-every", int), ("lr", float), ("mlp-lr", float), ("tau", float), ("gamma", float),
+                       ("bandwidth", float)):
+        s.add_argument(f"--{name}", type=kind)
+    s.add_argument("--losses", type=_csv(str), help="comma list of: spectral,infonce,laplacian,gamma,mixture")
+    s.add_argument("--encoders", type=_csv(str), help="comma list of: table,mlp")
+    m = which.add_parser("mi", help="InfoNCE's bound log N - L on pairs with known mutual information")
+    m.add_argument("--out", default="runs/theory", help="folder for mi.json and mi.png")
+    for name, kind in (("dim", int), ("rho", float), ("steps", int), ("pairs", int), ("eval-pairs", int),
+                       ("seed", int)):
+        m.add_argument(f"--{name}", type=kind)
+    m.add_argument("--ns", type=_csv(int), help="comma list of N, e.g. 2,8,64,512")
+
+
+def _diagnose_args(sub) -> None:
+    p = sub.add_parser("diagnose", help="alignment, uniformity, collapse and graph spectrum of a run's encoder")
+    p.add_argument("--checkpoint", required=True, help="run directory or one checkpoint folder")
+    p.add_argument("--data", help="images to embed (default: the run's training source)")
+    p.add_argument("--split", choices=["train", "test"], default="test")
+    p.add_argument("--limit", type=int, default=512, help="images used (a fixed random subset)")
+    p.add_argument("--temperature", type=float, default=0.5, help="of the batch similarity graph")
+    p.add_argument("--graph-size", type=int, default=256, help="images in the similarity graph (2 views each)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out", help="folder for diagnostics.json and .png (default: RUN/diagnostics)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _bench_args(sub) -> None:
+    p = sub.add_parser("bench", help="speed figures: augmentation, per-step breakdown, loss, training vs the peer")
+    p.add_argument("--sections", type=_csv(str), help="comma list of: augment,step,loss,train (default: all)")
+    p.add_argument("--data", help="training source (default: ../shared/data/cifar10-jpeg.tar.gz, else shapes)")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--encoder", default="resnet18")
+    p.add_argument("--width", type=float, default=0.25)
+    p.add_argument("--threads", type=int, default=0, help="torch threads per process (default: all CPUs)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--recipes", type=_csv(str), help="augment: comma list of recipes (default: all)")
+    p.add_argument("--methods", type=_csv(str), help="step: comma list of methods (default: all image methods)")
+    p.add_argument("--aug-seconds", type=float, default=2.0, help="augment: seconds per measurement")
+    p.add_argument("--step-iters", type=int, default=3, help="step: timed steps per method")
+    p.add_argument("--step-setting", choices=["fp32", "bf16_cl"], default="bf16_cl")
+    p.add_argument("--loss-batches", type=_csv(int), help="loss: comma list of batch sizes")
+    p.add_argument("--steps", type=int, default=30, help="train: steps per end-to-end run")
+    p.add_argument("--settings", type=_csv(str), help="train: comma list of fp32,bf16_cl (default: both)")
+    p.add_argument("--peer-python", help="python of the peer's venv (../shared/bench/README.md); no peer without it")
+    p.add_argument("--peer-data", help="the extracted CIFAR-10 folder (train/, test/) the peer reads")
+    p.add_argument("--peer-script", default="../shared/bench/lightly_simclr.py")
+    p.add_argument("--accuracy", action="store_true", help="also kNN top-1 after --accuracy-epochs, ours and peer")
+    p.add_argument("--accuracy-epochs", type=int, default=5)
+    p.add_argument("--workdir", help="folder for run directories and logs (default: a new temporary folder)")
+    p.add_argument("--json", action="store_true", help="print all figures as one JSON object (progress on stderr)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="kontrast", description="Contrastive self-supervised learning in five components.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _train_args(sub)
     _eval_args(sub)
     sub.add_parser("methods", help="list methods")
+    c = sub.add_parser("captions", help="write a JSONL of image paths + captions made from an ImageFolder's class names")
+    c.add_argument("--data", required=True, help="ImageFolder directory (class sub-folders)")
+    c.add_argument("--out", required=True, help="output .jsonl (image paths relative to its folder)")
+    c.add_argument("--seed", type=int, default=0, help="template choice per image")
+    _theory_args(sub)
+    _diagnose_args(sub)
+    _bench_args(sub)
     d = sub.add_parser("demo", help="pretrain on the built-in shapes data and compare with baselines")
     d.add_argument("--out", default="runs/demo")
     d.add_argument("--epochs", type=int)
@@ -103,7 +176,37 @@ def _run(args) -> int:
             print(json.dumps(result))
         else:
             print(f"{result['method']} on {result['data']}: kNN top-1 {result['knn_top1']:.4f}"
-                  + (f", linear top-1 {result['linear_top1']:.4f}" if "linear_top1" in result else ""))
+                  + (f", linear top-1 {result['linear_top1']:.4f}" if "linear_top1" in result else "")
+                  + (f", zero-shot top-1 {result['zeroshot_top1']:.4f}" if "zeroshot_top1" in result else ""))
+        return 0
+    if args.command == "captions":
+        from kontrast.data.captions import write_captions
+
+        info = write_captions(args.data, args.out, seed=args.seed)
+        splits = ", ".join(f"{k} {info[k]}" for k in ("train", "test") if k in info)
+        print(f"wrote {info['out']}: {splits} pairs, {info['classes']} classes; captions are class names in "
+              f"{info['templates']} templates (the text is the label)")
+        return 0
+    if args.command == "theory":
+        from kontrast.theory import run_experiment
+
+        run_experiment(args.experiment, vars(args))
+        return 0
+    if args.command == "diagnose":
+        from kontrast.evaluate.diagnostics import diagnose_run
+
+        result = diagnose_run(args.checkpoint, args.data, split=args.split, limit=args.limit,
+                              temperature=args.temperature, graph_size=args.graph_size, seed=args.seed,
+                              device=args.device, out=args.out, log=(lambda _: None) if args.json else print)
+        if args.json:
+            print(json.dumps(result))
+        return 0
+    if args.command == "bench":
+        from kontrast.bench import BenchOptions, main_json, run_bench
+
+        given = {k: v for k, v in vars(args).items() if v is not None and k not in ("command", "json")}
+        opts = BenchOptions(**{k.replace("-", "_"): tuple(v) if isinstance(v, list) else v for k, v in given.items()})
+        main_json(opts) if args.json else run_bench(opts)
         return 0
     if args.command == "demo":
         from kontrast.demo import run_demo
@@ -119,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except Interrupted as exc:  # SIGTERM / SIGINT during training: checkpoint written, then 143 / 130
+        print(f"stopped: {exc}", file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -2,28 +2,70 @@
 
 Resolution order (later wins): dataclass defaults -> the method's own defaults
 (``Method.defaults``) -> ``--config FILE`` -> CLI flags -> ``--set key=value``.
-Every unknown key is an error; the resolved config is saved beside each run.
+Every unknown key is an error, every value is checked against its type and, where a field
+is declared with :func:`checked`, its range or choices, so a bad value fails before any work
+with one line naming the key. Method ``Params`` use the same mechanism (see :func:`checked`
+and :func:`check_fields`); a ``validate(self, cfg)`` method on Params adds checks that span
+sections (e.g. MoCo's queue against the batch size). The resolved config is saved beside
+each run.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
+import types
+from collections.abc import Mapping as AbcMapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping, get_type_hints
+from typing import Any, Literal, Mapping, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
 from kontrast.errors import UserError
 
+_BOUNDS = {"gt": (">", lambda v, b: v > b), "ge": (">=", lambda v, b: v >= b),
+           "lt": ("<", lambda v, b: v < b), "le": ("<=", lambda v, b: v <= b)}
+
+
+def checked(default: Any, *, gt=None, ge=None, lt=None, le=None, choices=None, pattern: str | None = None) -> Any:
+    """A dataclass field whose value is checked when a config is built: bounds, choices, a regex.
+
+    ``temperature: float = checked(0.2, gt=0)``; ``name: str = checked("sgd", choices=("sgd", "lars"))``.
+    For tuples every element is checked. Usable in any config section and in method Params.
+    """
+    limits = {k: v for k, v in dict(gt=gt, ge=ge, lt=lt, le=le).items() if v is not None}
+    meta = {"limits": limits, "choices": tuple(choices) if choices is not None else None, "pattern": pattern}
+    return field(default=default, metadata={"checked": meta})
+
+
+def check_fields(obj: Any, prefix: str) -> None:
+    """Check every :func:`checked` field of dataclass ``obj``; UserError naming ``prefix.key`` otherwise."""
+    for f in fields(obj):
+        meta = f.metadata.get("checked")
+        value = getattr(obj, f.name)
+        if meta is None or value is None:
+            continue
+        key = f"{prefix}.{f.name}"
+        for v in value if isinstance(value, tuple) else (value,):
+            if meta["choices"] is not None and v not in meta["choices"]:
+                raise UserError(f"config key {key!r} must be one of {', '.join(map(str, meta['choices']))}; got {v!r}")
+            if meta["pattern"] is not None and not re.fullmatch(meta["pattern"], str(v)):
+                raise UserError(f"config key {key!r} has an invalid value {v!r}")
+            for name, bound in meta["limits"].items():
+                symbol, ok = _BOUNDS[name]
+                if not ok(v, bound):
+                    raise UserError(f"config key {key!r} must be {symbol} {bound}, got {v!r}")
+
 
 @dataclass(frozen=True)
 class DataConfig:
     source: str = "shapes"  # "shapes", an ImageFolder dir, a .tar(.gz), a CIFAR folder
-    size: int = 32  # training resolution (pixels)
+    size: int = checked(32, ge=4)  # training resolution (pixels)
     skip_bad_images: bool = False
     cache_dir: str | None = None
-    limit: int = 0  # train on a fixed random subset of this many images (0 = all)
+    limit: int = checked(0, ge=0)  # train on a fixed random subset of this many images (0 = all)
 
 
 @dataclass(frozen=True)
@@ -35,43 +77,49 @@ class AugmentConfig:
 @dataclass(frozen=True)
 class EncoderConfig:
     name: str = "resnet18"  # resnet18|34|50 or torchvision:<model>
-    stem: str | None = None  # cifar (3x3, no max-pool; the default for resnets) | imagenet
-    width: float = 1.0  # channel multiplier
+    stem: str | None = checked(None, choices=("cifar", "imagenet"))  # cifar (3x3, no max-pool; resnet default)
+    width: float = checked(1.0, gt=0)  # channel multiplier
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    name: str = "sgd"  # sgd | lars | adamw
-    lr: float = 0.06  # per `lr_batch` images; scaled linearly with batch size
-    lr_batch: int = 256
-    momentum: float = 0.9
-    weight_decay: float = 5e-4  # never applied to norms and biases
-    warmup_epochs: float = 0.0  # linear warm-up, then cosine to min_lr
-    min_lr: float = 0.0  # as a fraction of the peak lr
-    betas: tuple[float, float] = (0.9, 0.999)  # adamw only
-    lars_eta: float = 0.02  # lars only: trust coefficient
+    name: str = checked("sgd", choices=("sgd", "lars", "adamw"))
+    lr: float = checked(0.06, gt=0)  # per `lr_batch` images; scaled linearly with batch size
+    lr_batch: int = checked(256, ge=1)
+    momentum: float = checked(0.9, ge=0, lt=1)
+    weight_decay: float = checked(5e-4, ge=0)  # never applied to norms and biases
+    warmup_epochs: float = checked(0.0, ge=0)  # linear warm-up, then cosine to min_lr
+    min_lr: float = checked(0.0, ge=0, le=1)  # as a fraction of the peak lr
+    betas: tuple[float, float] = checked((0.9, 0.999), ge=0, lt=1)  # adamw only
+    lars_eta: float = checked(0.02, gt=0)  # lars only: trust coefficient
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    epochs: int = 10
-    batch_size: int = 256
-    seed: int = 0
-    precision: str = "fp32"  # fp32 | bf16 (autocast)
+    epochs: int = checked(10, ge=1)
+    batch_size: int = checked(256, ge=2)  # contrastive losses need at least one other sample
+    seed: int = checked(0, ge=0)
+    precision: str = checked("fp32", choices=("fp32", "bf16"))  # bf16 = autocast
     channels_last: bool = False
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    log_every: int = 10  # steps between metric lines
-    knn_every: int = 0  # epochs between kNN monitors (0 = off)
-    knn_max_train: int = 10000  # kNN monitor bank size cap (speed)
-    num_threads: int = 0  # torch intra-op threads (0 = torch default)
+    compile: bool = False  # torch.compile the encoder (1.3x per step measured on CPU; the first step compiles for minutes)
+    device: str = checked("auto", pattern=r"auto|cpu|cuda(:\d+)?|mps")
+    log_every: int = checked(10, ge=1)  # steps between metric lines
+    knn_every: int = checked(0, ge=0)  # epochs between kNN monitors (0 = off)
+    knn_max_train: int = checked(10000, ge=1)  # kNN monitor bank size cap (speed)
+    num_threads: int = checked(0, ge=0)  # torch intra-op threads (0 = torch default)
+    checkpoint_every: int = checked(0, ge=0)  # steps between step checkpoints (0 = at epoch ends only)
+    nonfinite: str = checked("stop", choices=("stop", "skip"))  # on a NaN/inf loss or gradient
+    max_skips: int = checked(10, ge=1)  # nonfinite=skip: stop after this many consecutive skipped steps
+    collapse_std: float = checked(0.01, ge=0)  # warn when embedding_std stays below this (0 = off)
+    collapse_window: int = checked(100, ge=1)  # ... over this many steps
 
 
 @dataclass(frozen=True)
 class EvalConfig:
-    knn_k: int = 200
-    knn_temperature: float = 0.1
-    linear_epochs: int = 100
-    batch_size: int = 512
+    knn_k: int = checked(200, ge=1)
+    knn_temperature: float = checked(0.1, gt=0)
+    linear_epochs: int = checked(100, ge=0)
+    batch_size: int = checked(512, ge=1)
 
 
 @dataclass(frozen=True)
@@ -95,22 +143,42 @@ SECTIONS = get_type_hints(Config)
 
 
 def _coerce(value: Any, typ: Any, key: str) -> Any:
-    """Check ``value`` against the annotation ``typ`` (ints widen to floats)."""
-    name = getattr(typ, "__name__", str(typ))
+    """Check ``value`` against the annotation ``typ`` (ints widen to floats; floats must be finite)."""
+    origin, args = get_origin(typ), get_args(typ)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        for option in inner:
+            try:
+                return _coerce(value, option, key)
+            except UserError:
+                continue
+        names = " or ".join(getattr(a, "__name__", str(a)) for a in args)
+        raise UserError(f"config key {key!r} must be {names}, got {value!r}")
     if typ is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if typ in (int, float, str, bool):
-        if type(value) is typ:
-            return value
-        raise UserError(f"config key {key!r} must be {name}, got {value!r}")
-    text = str(typ)
-    if text.startswith("tuple"):
+        if type(value) is not typ:
+            raise UserError(f"config key {key!r} must be {typ.__name__}, got {value!r}")
+        if typ is float and not math.isfinite(value):
+            raise UserError(f"config key {key!r} must be a finite number, got {value!r}")
+        return value
+    if origin is Literal:
+        if value not in args:
+            raise UserError(f"config key {key!r} must be one of {', '.join(map(repr, args))}, got {value!r}")
+        return value
+    if origin in (tuple, list):
         if not isinstance(value, (list, tuple)):
             raise UserError(f"config key {key!r} must be a list, got {value!r}")
-        return tuple(float(v) for v in value)
-    if "None" in text and value is None:
-        return None
-    if "str" in text and isinstance(value, str):
+        if origin is tuple and args and args[-1] is not Ellipsis and len(value) != len(args):
+            raise UserError(f"config key {key!r} must be a list of {len(args)} values, got {value!r}")
+        kinds = [args[0]] * len(value) if len(args) == 2 and args[1] is Ellipsis or origin is list else list(args)
+        items = [_coerce(v, k, key) if k is not Any else v for v, k in zip(value, kinds)] if args else list(value)
+        return tuple(items) if origin is tuple else items
+    if origin in (AbcMapping, dict) or typ in (dict, AbcMapping):
+        if not isinstance(value, AbcMapping):
+            raise UserError(f"config key {key!r} must be a mapping of key: value, got {value!r}")
         return value
     return value
 
@@ -123,7 +191,10 @@ def _section(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
             raise UserError(
                 f"unknown config key '{prefix}.{key}'; known keys in {prefix}: {', '.join(sorted(known))}"
             )
-    return cls(**{k: _coerce(v, hints[k], f"{prefix}.{k}") for k, v in values.items()})
+    obj = cls(**{k: _coerce(v, hints[k], f"{prefix}.{k}") for k, v in values.items()})
+    if dataclasses.is_dataclass(obj):
+        check_fields(obj, prefix)
+    return obj
 
 
 def merge(base: dict, update: Mapping) -> dict:

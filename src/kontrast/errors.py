@@ -6,3 +6,12 @@ The CLI prints ``error: <message>`` on one line and exits with code 2.
 
 class UserError(Exception):
     """A problem with the user's input; the message says what is wrong and what to do."""
+
+
+class Interrupted(Exception):
+    """Training stopped on SIGTERM / SIGINT after writing a checkpoint; the CLI exits with ``exit_code``
+    (128 + the signal number: 143 for SIGTERM, 130 for SIGINT)."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 
 def mlp(dims: Sequence[int], *, norm: bool = True, last_norm: bool = False, bias_last: bool = True) -> nn.Sequential:
@@ -31,3 +33,147 @@ def mlp(dims: Sequence[int], *, norm: bool = True, last_norm: bool = False, bias
     if last_norm:
         layers.append(nn.BatchNorm1d(dims[-1], affine=False))
     return nn.Sequential(*layers)
+
+
+class Prototypes(nn.Module):
+    """SwAV's prototypes (Caron et al. 2020, https://arxiv.org/abs/2006.09882): K learnable unit vectors.
+
+    ``forward(z [B, D]) -> [B, K]`` cosine scores of the L2-normalised embeddings with the
+    prototypes. ``normalize_()`` puts the rows back on the unit sphere; SwAV calls it before
+    every step, kontrast after every optimizer step (and at construction), which is the same.
+    """
+
+    def __init__(self, dim: int, count: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(count, dim))  # [K, D]
+        self.normalize_()
+
+    @torch.no_grad()
+    def normalize_(self) -> None:
+        self.weight.copy_(F.normalize(self.weight, dim=1))
+
+    def forward(self, z: torch.Tensor, *, frozen: bool = False) -> torch.Tensor:
+        """``frozen``: no gradient reaches the prototypes (SwAV freezes them early in training)."""
+        w = self.weight.detach() if frozen else self.weight  # [K, D]
+        return F.normalize(z, dim=1) @ w.T  # [B, K]
+
+
+# --------------------------------------------------------------------------- positions: context and local features
+
+
+def positions(maps: torch.Tensor) -> torch.Tensor:
+    """A feature map as a set of positions: ``[B, D, h, w] -> [B, h·w, D]`` (row-major)."""
+    return maps.flatten(2).transpose(1, 2)
+
+
+class GRUContext(nn.Module):
+    """CPC's autoregressive g_ar: ``c_t = GRU(z_1..z_t)``, ``[B, T, D] -> [B, T, H]``.
+
+    van den Oord et al. 2018, https://arxiv.org/abs/1807.03748, section 3.1 (a 256-unit GRU).
+    A unidirectional recurrence: c_t never depends on z_{t+1}, ...
+    """
+
+    def __init__(self, dim_in: int, dim_out: int):
+        super().__init__()
+        self.gru = nn.GRU(dim_in, dim_out, batch_first=True)
+        self.dim = dim_out
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.gru(z)[0]  # [B, T, H]
+
+
+class PooledContext(nn.Module):
+    """Encoder + autoregressive context, averaged over positions: CPC's representation for evaluation.
+
+    ``forward(x) -> mean_t c_t`` ``[B, H]``; ``forward_sequence(x) -> (z [B, T, D], c [B, T, H])``.
+    """
+
+    def __init__(self, encoder: nn.Module, context: nn.Module):
+        super().__init__()
+        self.encoder, self.context = encoder, context
+        self.dim: int = context.dim
+
+    def forward_sequence(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        z = self.encoder.forward_sequence(x)  # [B, T, D]
+        return z, self.context(z)  # [B, T, D], [B, T, H]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_sequence(x)[1].mean(dim=1)  # [B, H]
+
+
+class RowCausalConv(nn.Module):
+    """k x k convolution whose output row i sees input rows i-k+1..i only (padding above, none below)."""
+
+    def __init__(self, c_in: int, c_out: int, kernel: int = 3):
+        super().__init__()
+        self.conv = nn.Conv2d(c_in, c_out, kernel)
+        self.pad = (kernel // 2, kernel // 2, kernel - 1, 0)  # left, right, top, bottom
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(F.pad(x, self.pad))  # [B, c_out, h, w]
+
+
+class GridContext(nn.Module):
+    """CPC v2's context network over a patch grid: c_{i,j} depends on rows <= i of z only.
+
+    Hénaff et al. 2019, https://arxiv.org/abs/1905.09272, section 3 (a PixelCNN-style masked
+    network read top to bottom): residual blocks ``ReLU -> 1x1 -> ReLU -> row-causal 3x3``,
+    ``[B, D, gh, gw] -> [B, D, gh, gw]``.
+    """
+
+    def __init__(self, dim: int, hidden: int, blocks: int):
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.ReLU(), nn.Conv2d(dim, hidden, 1), nn.ReLU(), RowCausalConv(hidden, dim, 3))
+            for _ in range(blocks)
+        )
+        self.dim = dim
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        c = z
+        for block in self.blocks:
+            c = c + block(c)  # [B, D, gh, gw]
+        return c
+
+
+class LocalProjection(nn.Module):
+    """AMDIM's per-location head: a residual 1x1 "network in network", ``[B, C, h, w] -> [B, R, h, w]``.
+
+    Bachman et al. 2019, https://arxiv.org/abs/1906.00910, section 3.3: ``W0 x + W2 ReLU(BN(W1 x))``
+    at every location, so local and global features land in one R-dim space.
+    """
+
+    def __init__(self, dim_in: int, dim_out: int):
+        super().__init__()
+        self.skip = nn.Conv2d(dim_in, dim_out, 1, bias=False)
+        self.body = nn.Sequential(nn.Conv2d(dim_in, dim_out, 1, bias=False), nn.BatchNorm2d(dim_out),
+                                  nn.ReLU(inplace=True), nn.Conv2d(dim_out, dim_out, 1))
+
+    def forward(self, maps: torch.Tensor) -> torch.Tensor:
+        return self.skip(maps) + self.body(maps)  # [B, R, h, w]
+
+
+def split_mlp(head: nn.Sequential, layers: int) -> tuple[nn.Sequential, nn.Sequential]:
+    """(first ``layers`` hidden layers of an :func:`mlp`, the rest): cut after its ``layers``-th ReLU."""
+    relus = [i for i, m in enumerate(head) if isinstance(m, nn.ReLU)]
+    if not 0 <= layers <= len(relus):
+        raise ValueError(f"the head has {len(relus)} hidden layers; cannot keep {layers}")
+    cut = relus[layers - 1] + 1 if layers else 0
+    return head[:cut], head[cut:]
+
+
+class EncoderWithHead(nn.Module):
+    """An encoder followed by the first layers of a projection head, usable as an encoder.
+
+    SimCLR v2 (Chen et al. 2020, https://arxiv.org/abs/2006.10029, section 2) evaluates and
+    fine-tunes "from the middle layer of the projection head". Wrapping the kept layers here
+    makes them part of ``method.encoder``, which is what every evaluation reads.
+    ``forward(x) -> [B, dim]``; ``.dim`` = the width of the last kept layer.
+    """
+
+    def __init__(self, backbone: nn.Module, head: nn.Sequential, dim: int):
+        super().__init__()
+        self.backbone, self.head, self.dim = backbone, head, dim
+
+    def forward(self, x):
+        return self.head(self.backbone(x))  # [B, dim]

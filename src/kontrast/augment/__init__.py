@@ -19,6 +19,7 @@ from kontrast.augment.ops import (
     sample_uniform,
     solarize,
 )
+from kontrast.augment.rng import SampleRNG, derive_key
 from kontrast.augment.views import (
     RECIPES,
     ViewSpec,
@@ -33,12 +34,14 @@ __all__ = [
     "GRAY_WEIGHTS",
     "RECIPES",
     "ColorJitterParams",
+    "SampleRNG",
     "ViewSpec",
     "adjust_brightness",
     "adjust_contrast",
     "adjust_hue",
     "adjust_saturation",
     "color_jitter",
+    "derive_key",
     "eval_view",
     "gaussian_blur",
     "get_recipe",

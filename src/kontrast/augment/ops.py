@@ -25,6 +25,7 @@ import math
 from typing import NamedTuple, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 # ITU-R 601-2 luma, the weights of torchvision's rgb_to_grayscale.
@@ -32,8 +33,15 @@ GRAY_WEIGHTS = (0.2989, 0.587, 0.114)
 
 
 def _rand(shape: Sequence[int], generator: torch.Generator) -> Tensor:
-    """Uniform [0, 1) float32 on the generator's device."""
-    return torch.rand(tuple(shape), generator=generator, device=generator.device)
+    """Uniform [0, 1) float32 on the generator's device.
+
+    ``generator`` is a ``torch.Generator`` or a per-sample counter-based source
+    (:class:`kontrast.augment.rng.SampleRNG`, what training uses); every sampling
+    function draws through here, with the batch as the first dimension.
+    """
+    if isinstance(generator, torch.Generator):
+        return torch.rand(tuple(shape), generator=generator, device=generator.device)
+    return generator.rand(shape)
 
 
 def _per_sample(v: Tensor) -> Tensor:
@@ -173,6 +181,33 @@ def resized_crop(images: Tensor, boxes: Tensor, size: int) -> Tensor:
 def hflip(images: Tensor, mask: Tensor) -> Tensor:
     """Mirror left-right the images where ``mask`` [B] is True."""
     return _select(mask, images.flip(-1), images)  # [B, C, H, W]
+
+
+# --------------------------------------------------------------------------- translation
+
+
+def sample_translation(batch: int, max_shift: int, p: float, generator: torch.Generator) -> Tensor:
+    """[B, 2] int64 shifts (dy, dx), each uniform in [-max_shift, max_shift]; (0, 0) where not applied (prob 1 - p)."""
+    u = _rand((batch, 3), generator)  # [B, 3]: dy, dx, apply draws
+    shifts = torch.floor(u[:, :2] * (2 * max_shift + 1)) - max_shift  # [B, 2]
+    return (shifts * (u[:, 2:] < p)).long()  # [B, 2]
+
+
+def translate_reflect(images: Tensor, shifts: Tensor, max_shift: int) -> Tensor:
+    """Move each image by its ``shifts`` [B, 2] (dy, dx) pixels, filling the border by reflection.
+
+    AMDIM's CIFAR "image jitter" (Bachman et al. 2019, https://arxiv.org/abs/1906.00910, the
+    authors' ``RandomTranslateWithReflect(4)``): output (y, x) = input (y - dy, x - dx), mirrored
+    at the edges. ``|shifts| <= max_shift < min(H, W)``; a zero shift returns the image bit for bit.
+    """
+    b, _, h, w = images.shape
+    m = max_shift
+    padded = F.pad(images, (m, m, m, m), mode="reflect")  # [B, C, H+2m, W+2m]
+    rows = torch.arange(h, device=images.device) + m - shifts[:, :1]  # [B, H] source rows in padded
+    cols = torch.arange(w, device=images.device) + m - shifts[:, 1:]  # [B, W]
+    batch = torch.arange(b, device=images.device)[:, None, None]  # [B, 1, 1]
+    out = padded[batch, :, rows[:, :, None], cols[:, None, :]]  # [B, H, W, C]
+    return out.permute(0, 3, 1, 2).contiguous()  # [B, C, H, W]
 
 
 # --------------------------------------------------------------------------- colour

@@ -16,7 +16,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from kontrast.augment import ops
+from kontrast.augment import ops, randaugment
 from kontrast.errors import UserError
 
 
@@ -31,9 +31,12 @@ class ViewSpec:
     """
 
     size: int = 32
+    size_factor: float = 1.0  # side as a fraction of data.size when a run resolves its views (multi-crop's small crops)
     crop_scale: tuple[float, float] = (0.08, 1.0)
     crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
     flip_p: float = 0.5
+    translate: int = 0  # max shift in pixels of AMDIM's reflect-padded translation (0 = off)
+    translate_p: float = 0.0
     jitter: tuple[float, float, float, float] = (0.4, 0.4, 0.4, 0.1)  # brightness, contrast, saturation, hue
     jitter_p: float = 0.8
     gray_p: float = 0.2
@@ -41,17 +44,26 @@ class ViewSpec:
     blur_sigma: tuple[float, float] = (0.1, 2.0)
     blur_kernel: int = 3
     solarize_p: float = 0.0
+    randaugment_n: int = 0  # RandAugment ops per image (0 = off; kontrast.augment.randaugment)
+    randaugment_m: float = 10.0  # their magnitude, of 10
+    randaugment_std: float = 0.5  # per-op Gaussian noise on the magnitude
+    randaugment_p: float = 0.5  # probability that each chosen op is applied
     mean: tuple[float, float, float] = (0.4914, 0.4822, 0.4465)  # CIFAR-10
     std: tuple[float, float, float] = (0.2470, 0.2435, 0.2616)
 
     def __post_init__(self) -> None:
-        probs = {"flip_p": self.flip_p, "jitter_p": self.jitter_p, "gray_p": self.gray_p}
+        probs = {"flip_p": self.flip_p, "jitter_p": self.jitter_p, "gray_p": self.gray_p, "translate_p": self.translate_p}
         probs.update(blur_p=self.blur_p, solarize_p=self.solarize_p)
         bad = [f"{k}={v}" for k, v in probs.items() if not 0.0 <= v <= 1.0]
         if self.size < 1:
             bad.append(f"size={self.size} (must be >= 1)")
         if self.blur_kernel < 1 or self.blur_kernel % 2 == 0:
             bad.append(f"blur_kernel={self.blur_kernel} (must be odd)")
+        if not 0 <= self.translate < self.size:
+            bad.append(f"translate={self.translate} (must be in [0, size))")
+        if self.size_factor <= 0 or self.randaugment_n < 0 or not 0.0 <= self.randaugment_p <= 1.0:
+            bad.append(f"size_factor={self.size_factor}, randaugment_n={self.randaugment_n}, "
+                       f"randaugment_p={self.randaugment_p} (need > 0, >= 0, in [0, 1])")
         if self.jitter[3] > 0.5:
             bad.append(f"hue jitter={self.jitter[3]} (must be <= 0.5)")
         if bad:
@@ -70,7 +82,49 @@ _MOCO_V2 = ViewSpec(crop_scale=(0.2, 1.0), blur_p=0.5)
 _BYOL_1 = ViewSpec(jitter=(0.4, 0.4, 0.2, 0.1), blur_p=1.0, solarize_p=0.0)
 _BYOL_2 = ViewSpec(jitter=(0.4, 0.4, 0.2, 0.1), blur_p=0.1, solarize_p=0.2)
 
+# AMDIM, Bachman et al. 2019, https://arxiv.org/abs/1906.00910, the authors' CIFAR pipeline: no crop,
+# translation by up to 4 px with reflection (p 0.8), jitter (0.4, 0.4, 0.4, 0.2) p 0.8, grayscale p 0.25.
+# CPC v2 at CIFAR scale (Falcon & Cho 2020, https://arxiv.org/abs/2009.00104) uses the same views, then
+# cuts them into patches (kontrast.augment.patches). YADIM merges CPC's and AMDIM's pipelines: the
+# same, plus AMDIM's random resized crop for larger images (scale 0.3-1, ratio 0.7-1.4).
+_AMDIM_CIFAR = ViewSpec(crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), translate=4, translate_p=0.8,
+                        jitter=(0.4, 0.4, 0.4, 0.2), gray_p=0.25)
+_YADIM = ViewSpec(crop_scale=(0.3, 1.0), crop_ratio=(0.7, 1.4), translate=4, translate_p=0.8,
+                  jitter=(0.4, 0.4, 0.4, 0.2), gray_p=0.25)
+
+# MoCo v1, He et al. 2020, https://arxiv.org/abs/1911.05722 (the authors' main_moco.py, from InstDisc,
+# Wu et al. 2018): crop from 20% of the area, grayscale p 0.2, jitter (0.4, 0.4, 0.4, 0.4) always, flip.
+_MOCO_V1 = ViewSpec(crop_scale=(0.2, 1.0), jitter=(0.4, 0.4, 0.4, 0.4), jitter_p=1.0)
+
+# SimSiam, Chen & He 2021, https://arxiv.org/abs/2011.10566: MoCo v2's views; at CIFAR scale without
+# the blur (32 px images, as SimCLR's CIFAR recipe).
+_SIMSIAM_CIFAR = ViewSpec(crop_scale=(0.2, 1.0))
+
+# SwAV multi-crop, Caron et al. 2020, https://arxiv.org/abs/2006.09882, section 3.2: 2 global crops
+# (scale 0.14-1) and small crops (scale 0.05-0.14) at 96/224 of the side; here 4 at half of data.size.
+_SWAV_GLOBAL = ViewSpec(crop_scale=(0.14, 1.0), jitter=(0.8, 0.8, 0.8, 0.2))
+_SWAV_SMALL = ViewSpec(size=16, size_factor=0.5, crop_scale=(0.05, 0.14), jitter=(0.8, 0.8, 0.8, 0.2))
+
+# InfoMin Aug, Tian et al. 2020, https://arxiv.org/abs/2005.10243, as in the authors' PyContrast
+# (aug "D"): crop from 8% of the area, jitter (0.8, 0.8, 0.8, 0.2) p 0.8, blur p 0.5, RandAugment
+# n=2 m=10 mstd=0.5 (each op p 0.5), grayscale p 0.2. Here grayscale runs before blur and
+# RandAugment (kontrast's fixed op order); every RandAugment op keeps a grey image grey.
+_INFOMIN = ViewSpec(crop_scale=(0.08, 1.0), jitter=(0.8, 0.8, 0.8, 0.2), blur_p=0.5, randaugment_n=2)
+
+# CLIP, Radford et al. 2021, https://arxiv.org/abs/2103.00020, section 2.5: "a random square crop
+# from resized images is the only data augmentation"; scale 0.9-1 as open_clip's RandomResizedCrop.
+_CLIP = ViewSpec(crop_scale=(0.9, 1.0), crop_ratio=(1.0, 1.0), flip_p=0.0, jitter_p=0.0, gray_p=0.0)
+
 RECIPES: dict[str, tuple[ViewSpec, ...]] = {
+    "swav_multicrop": (_SWAV_GLOBAL, _SWAV_GLOBAL, *[_SWAV_SMALL] * 4),
+    "infomin": (_INFOMIN, _INFOMIN),
+    "clip": (_CLIP,),
+    "moco_v1": (_MOCO_V1, _MOCO_V1),
+    "instdisc": (_MOCO_V1,),  # one view per image: it is compared with the memory bank
+    "simsiam_cifar": (_SIMSIAM_CIFAR, _SIMSIAM_CIFAR),
+    "amdim_cifar": (_AMDIM_CIFAR, _AMDIM_CIFAR),
+    "cpc_v2_cifar": (_AMDIM_CIFAR,),  # one view: the patches of one image predict each other
+    "yadim": (_YADIM, _YADIM),
     "simclr_cifar": (_SIMCLR_CIFAR, _SIMCLR_CIFAR),
     "moco_v2": (_MOCO_V2, _MOCO_V2),
     "byol": (_BYOL_1, _BYOL_2),
@@ -104,6 +158,8 @@ def _view(images: Tensor, spec: ViewSpec, generator: torch.Generator) -> Tensor:
     b, _, h, w = images.shape
     boxes = ops.sample_resized_crop(b, h, w, spec.crop_scale, spec.crop_ratio, generator)  # [B, 4]
     x = ops.resized_crop(images, boxes, spec.size)  # [B, C, S, S]
+    if spec.translate_p > 0 and spec.translate > 0:
+        x = ops.translate_reflect(x, ops.sample_translation(b, spec.translate, spec.translate_p, generator), spec.translate)
     if spec.flip_p > 0:
         x = ops.hflip(x, ops.sample_mask(b, spec.flip_p, generator))
     if spec.jitter_p > 0 and any(v > 0 for v in spec.jitter):
@@ -113,6 +169,10 @@ def _view(images: Tensor, spec: ViewSpec, generator: torch.Generator) -> Tensor:
     if spec.blur_p > 0:
         sigma = ops.sample_uniform(b, *spec.blur_sigma, generator)  # [B]
         x = ops.gaussian_blur(x, sigma, spec.blur_kernel, ops.sample_mask(b, spec.blur_p, generator))
+    if spec.randaugment_n > 0:
+        fill = spec.mean  # geometric ops fill with the mean colour (PyContrast's img_mean)
+        x = randaugment.randaugment(x, randaugment.sample_randaugment(
+            b, spec.randaugment_n, spec.randaugment_m, spec.randaugment_std, spec.randaugment_p, generator), fill)
     if spec.solarize_p > 0:
         x = ops.solarize(x, SOLARIZE_THRESHOLD, ops.sample_mask(b, spec.solarize_p, generator))
     return ops.normalize(x, spec.mean, spec.std)
@@ -126,10 +186,20 @@ def make_view(images: Tensor, spec: ViewSpec, generator: torch.Generator) -> Ten
     return _view(to_float(images), spec, generator)
 
 
+def view_source(generator, view: int):
+    """The random source of view ``view``: its own stream for a per-sample ``SampleRNG``
+    (so a view's draws depend only on (key, sample, view)); a ``torch.Generator`` is shared in call order."""
+    return generator.for_view(view) if hasattr(generator, "for_view") else generator
+
+
 def make_views(images: Tensor, specs: Sequence[ViewSpec], generator: torch.Generator) -> list[Tensor]:
-    """One view per spec of a uint8 batch (converted to float once), e.g. ``make_views(x, get_recipe("byol"), g)``."""
+    """One view per spec of a uint8 batch (converted to float once), e.g. ``make_views(x, get_recipe("byol"), g)``.
+
+    ``generator``: a ``torch.Generator`` on the images' device, or a :class:`~kontrast.augment.rng.SampleRNG`
+    (training: views are a function of (seed, epoch, sample index, view)).
+    """
     x = to_float(images)
-    return [_view(x, spec, generator) for spec in specs]
+    return [_view(x, spec, view_source(generator, i)) for i, spec in enumerate(specs)]
 
 
 def eval_view(images: Tensor, spec: ViewSpec) -> Tensor:

@@ -24,7 +24,7 @@ from pathlib import Path
 import safetensors.torch
 import torch
 
-FORMAT_VERSION = 1  # bump when decoding or the entry layout changes: old entries then miss
+FORMAT_VERSION = 2  # 2: decompression-bomb and special-file guards. Bump when decoding or the entry layout changes: old entries then miss
 ENV_VAR = "KONTRAST_CACHE"
 
 

@@ -1,11 +1,18 @@
 """The built-in ``shapes`` dataset: procedurally drawn shapes, the project's demo data.
 
-Each image shows one of ten shapes at a random position, scale and rotation, in a random
-foreground colour on a random, gradient-shaded background, with optional stripes on the shape
-and pixel noise. Colour and position dominate raw pixel distances, so a kNN classifier on
-pixels does poorly, while the shape class stays obvious to a person and to an encoder trained
-to be invariant to crops and colour jitter: a self-supervised method has to *learn* something
-to beat the pixel baseline.
+Each image shows one of ten shapes at a random position, scale and (small) rotation, on a
+gradient-shaded background with pixel noise. Foreground and background start from one fixed
+colour pair, and each image gets its own random brightness, contrast, saturation and hue
+change of that pair, drawn from the same ranges as SimCLR's CIFAR colour jitter.
+
+Why this design (measured, see docs/results.md): every nuisance is one the SimCLR augmentations
+can undo, position and scale by crops, colour by jitter, so crops of two different squares
+can look alike and the augmentation graph links each class into one component, which is
+what contrastive learning recovers (HaoChen et al. 2021, https://arxiv.org/abs/2106.04156).
+Raw pixel distances are dominated by position and colour, so kNN on pixels stays poor. Earlier
+designs with colours from a palette, or random, made colour an instance cue that the jitter
+cannot remove: SimCLR then learned colour first and the encoder's kNN accuracy on shapes
+*fell* below the untrained encoder's in a CPU budget.
 
 Everything is vectorised in torch (one pass per class over a chunk of images, never a Python
 loop over single images). Shapes are drawn as implicit functions of rotated, scaled
@@ -39,42 +46,41 @@ _SUPERSAMPLE = 2  # the mask is drawn at 2x resolution, then average-pooled (ant
 _CHUNK = 1024  # images rendered at once; bounds memory (16 MB per float grid at 32 px)
 _MIN_DIAMETER, _MAX_DIAMETER = 0.35, 0.80  # shape diameter as a fraction of the image side
 _MAX_OUTSIDE = 0.25  # at most this fraction of the shape's radius may leave the image
-_MIN_LUMA_CONTRAST = 0.35  # |luma(fg) - luma(bg)| in [0, 1]; visible even in grayscale
+_MAX_ANGLE = math.radians(15)  # rotation in [-15, 15] degrees: SimCLR's views do not rotate
+_BASE_FG = torch.tensor([0.95, 0.75, 0.20])  # amber shape ...
+_BASE_BG = torch.tensor([0.15, 0.25, 0.55])  # ... on blue
+_JITTER = (0.4, 0.4, 0.4, 0.1)  # brightness, contrast, saturation, hue: SimCLR's CIFAR colour jitter (s = 0.5)
 _MAX_GRADIENT = 0.05  # background gradient amplitude (per channel, per unit of distance)
-_STRIPE_PROB = 0.0
-_MAX_STRIPE_AMP = 0.15
 _NOISE_STD = 0.03  # the same for every image: a per-image level would be an instance shortcut
-_LUMA = torch.tensor([0.299, 0.587, 0.114])
-_PALETTE = torch.tensor([  # [6, 3] RGB in [0, 1]: few colours, so hundreds of images share each pair
-    [0.90, 0.10, 0.10], [0.10, 0.70, 0.20], [0.15, 0.25, 0.90], [0.95, 0.90, 0.15], [0.95, 0.95, 0.95],
-    [0.05, 0.05, 0.05],
-])
-_SHADE = 0.08  # per-channel perturbation of a palette colour
 
 _ShapeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+class _Fields:
+    def __getitem__(self, index):
+        """The same parameters for a subset of the images."""
+        return type(self)(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+
+
 @dataclass
-class _Params:
-    """Per-image random parameters; every field is a tensor whose first dim is the image."""
+class _Geometry(_Fields):
+    """Per-shape random geometry; every field's first dim is the shape."""
 
     cx: torch.Tensor  # [n] centre x in [0, 1]
     cy: torch.Tensor  # [n] centre y in [0, 1]
     radius: torch.Tensor  # [n] circumradius as a fraction of the image side
     angle: torch.Tensor  # [n] rotation in radians
     variant: torch.Tensor  # [n] in [0, 1): per-class shape variation (ring width, ...)
+
+
+@dataclass
+class _Colours(_Fields):
+    """Per-image colours; every field's first dim is the image."""
+
     fg: torch.Tensor  # [n, 3] foreground RGB in [0, 1]
     bg: torch.Tensor  # [n, 3] background RGB in [0, 1]
     grad_angle: torch.Tensor  # [n] direction of the background gradient
     grad_amp: torch.Tensor  # [n, 3] gradient amplitude per channel
-    stripe_angle: torch.Tensor  # [n]
-    stripe_freq: torch.Tensor  # [n] cycles per image side
-    stripe_phase: torch.Tensor  # [n]
-    stripe_amp: torch.Tensor  # [n, 3] (zero for images without stripes)
-    noise_std: torch.Tensor  # [n]
-
-    def __getitem__(self, index: slice | torch.Tensor) -> "_Params":
-        return _Params(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
 
 
 def make_shapes(n: int, seed: int, size: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,74 +91,58 @@ def make_shapes(n: int, seed: int, size: int = 32) -> tuple[torch.Tensor, torch.
     """
     g = torch.Generator().manual_seed(seed)
     labels = torch.randperm(n, generator=g) % len(SHAPE_CLASSES)  # int64 [n], balanced
-    params = _draw_params(n, g)
-    alpha = _coverage(labels, params, size)  # [n, 1, size, size] in [0, 1]
+    geometry, colours = _draw_geometry(n, g), _draw_colours(n, g)
+    alpha = _coverage(labels, geometry, size)  # [n, 1, size, size] in [0, 1]
     images = torch.empty(n, 3, size, size, dtype=torch.uint8)  # [n, 3, size, size]
     for start in range(0, n, _CHUNK):
         part = slice(start, start + _CHUNK)
-        images[part] = _paint(alpha[part], params[part], g)
+        images[part] = _paint(alpha[part], colours[part], g)
     return images, labels
 
 
-def _draw_params(n: int, g: torch.Generator) -> _Params:
-    """All per-image random choices, drawn up front so chunking cannot change them."""
-
-    def uniform(lo: float, hi: float, *shape: int) -> torch.Tensor:
-        return lo + (hi - lo) * torch.rand(n, *shape, generator=g)
-
-    radius = uniform(_MIN_DIAMETER / 2, _MAX_DIAMETER / 2)  # [n]
+def _draw_geometry(n: int, g: torch.Generator) -> _Geometry:
+    """Position, size, rotation and variation of ``n`` shapes, drawn up front so chunking cannot change them."""
+    radius = (_MIN_DIAMETER + (_MAX_DIAMETER - _MIN_DIAMETER) * torch.rand(n, generator=g)) / 2  # [n]
     margin = radius * (1 - _MAX_OUTSIDE)  # [n] centre keeps this far from the border
-    fg, bg = _contrasting_colours(n, g)
-    striped = torch.rand(n, generator=g) < _STRIPE_PROB  # bool [n]
-    return _Params(
+    return _Geometry(
         cx=margin + (1 - 2 * margin) * torch.rand(n, generator=g),
         cy=margin + (1 - 2 * margin) * torch.rand(n, generator=g),
         radius=radius,
-        angle=uniform(0, 2 * math.pi),
+        angle=_MAX_ANGLE * (2 * torch.rand(n, generator=g) - 1),
         variant=torch.rand(n, generator=g),
-        fg=fg,
-        bg=bg,
-        grad_angle=uniform(0, 2 * math.pi),
-        grad_amp=uniform(-_MAX_GRADIENT, _MAX_GRADIENT, 3),
-        stripe_angle=uniform(0, math.pi),
-        stripe_freq=uniform(2.0, 5.0),
-        stripe_phase=uniform(0, 2 * math.pi),
-        stripe_amp=uniform(-_MAX_STRIPE_AMP, _MAX_STRIPE_AMP, 3) * striped[:, None],
-        noise_std=torch.full((n,), _NOISE_STD),
     )
 
 
-def _contrasting_colours(n: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Foreground/background pairs from a small palette, each shade slightly perturbed.
-
-    A palette (not uniform RGB) keeps colour a poor *instance* identifier: hundreds of images
-    share each colour pair, so instance discrimination cannot be solved by colour alone and a
-    contrastive encoder must learn shape, while raw-pixel neighbours still match by colour.
-    Pairs are redrawn (whole batch per round) until their luma differs enough.
-    """
-    fg, bg = _shaded_palette(n, g), _shaded_palette(n, g)  # [n, 3] each
-    while True:
-        weak = ((fg - bg) @ _LUMA).abs() < _MIN_LUMA_CONTRAST  # bool [n]
-        count = int(weak.sum())
-        if count == 0:
-            return fg, bg
-        fg[weak], bg[weak] = _shaded_palette(count, g), _shaded_palette(count, g)
+def _draw_colours(n: int, g: torch.Generator) -> _Colours:
+    """Each image's colour pair: the base pair through one random colour jitter, plus a background gradient."""
+    fg, bg = _jittered_pair(n, g)
+    return _Colours(fg=fg, bg=bg, grad_angle=2 * math.pi * torch.rand(n, generator=g),
+                    grad_amp=_MAX_GRADIENT * (2 * torch.rand(n, 3, generator=g) - 1))
 
 
-def _shaded_palette(n: int, g: torch.Generator) -> torch.Tensor:
-    """``n`` palette colours, each channel perturbed by up to ``_SHADE``: ``[n, 3]``."""
-    base = _PALETTE[torch.randint(len(_PALETTE), (n,), generator=g)]  # [n, 3]
-    return (base + _SHADE * (2 * torch.rand(n, 3, generator=g) - 1)).clamp(0, 1)
+def _jittered_pair(n: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """The base (foreground, background) pair after brightness, contrast, saturation and hue
+    factors drawn uniformly from :data:`_JITTER`'s ranges (torchvision's ColorJitter semantics,
+    fixed order): two ``[n, 3]`` tensors in [0, 1]."""
+    from kontrast.augment import ops  # the augment room's batched colour ops, reused
+
+    pair = torch.stack([_BASE_FG, _BASE_BG], dim=1).expand(n, 3, 2)[:, :, None, :]  # [n, 3, 1, 2] a 1x2 "image"
+    u = 2 * torch.rand(n, 4, generator=g) - 1  # [n, 4] in [-1, 1)
+    brightness, contrast, saturation, hue = _JITTER
+    pair = ops.adjust_brightness(pair, 1 + brightness * u[:, 0]).clamp(0, 1)
+    pair = ops.adjust_contrast(pair, 1 + contrast * u[:, 1]).clamp(0, 1)
+    pair = ops.adjust_saturation(pair, 1 + saturation * u[:, 2]).clamp(0, 1)
+    pair = ops.adjust_hue(pair, hue * u[:, 3])  # [n, 3, 1, 2]
+    return pair[:, :, 0, 0], pair[:, :, 0, 1]
 
 
-def _paint(alpha: torch.Tensor, p: _Params, g: torch.Generator) -> torch.Tensor:
-    """Compose coverage, textured colours and noise into uint8 ``[m, 3, size, size]``."""
+def _paint(alpha: torch.Tensor, p: _Colours, g: torch.Generator) -> torch.Tensor:
+    """Compose coverage, colours and noise into uint8 ``[m, 3, size, size]``."""
     m, _, size, _ = alpha.shape
     x, y = _grid(size)  # [1, 1, 1, size], [1, 1, size, 1]
-    fg = p.fg[:, :, None, None] + _stripes(p, x, y)  # [m, 3, size, size]
     bg = p.bg[:, :, None, None] + _gradient(p, x, y)  # [m, 3, size, size]
     noise = torch.randn(m, 3, size, size, generator=g)  # [m, 3, size, size]
-    image = alpha * fg + (1 - alpha) * bg + noise * p.noise_std[:, None, None, None]
+    image = alpha * p.fg[:, :, None, None] + (1 - alpha) * bg + _NOISE_STD * noise
     return (image.clamp(0, 1) * 255).round().to(torch.uint8)
 
 
@@ -162,23 +152,14 @@ def _grid(size: int) -> tuple[torch.Tensor, torch.Tensor]:
     return c.view(1, 1, 1, size), c.view(1, 1, size, 1)
 
 
-def _gradient(p: _Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def _gradient(p: _Colours, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Linear background shading in a random direction, ``[m, 3, size, size]``."""
     cos, sin = p.grad_angle.cos()[:, None, None, None], p.grad_angle.sin()[:, None, None, None]
     along = (x - 0.5) * cos + (y - 0.5) * sin  # [m, 1, size, size] in about [-0.7, 0.7]
     return along * p.grad_amp[:, :, None, None]
 
 
-def _stripes(p: _Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Sinusoidal stripes for the foreground (zero amplitude when unstriped)."""
-    cos, sin = p.stripe_angle.cos()[:, None, None, None], p.stripe_angle.sin()[:, None, None, None]
-    along = x * cos + y * sin  # [m, 1, size, size]
-    freq, phase = p.stripe_freq[:, None, None, None], p.stripe_phase[:, None, None, None]
-    wave = torch.sin(2 * math.pi * freq * along + phase)  # [m, 1, size, size]
-    return wave * p.stripe_amp[:, :, None, None]
-
-
-def _coverage(labels: torch.Tensor, p: _Params, size: int) -> torch.Tensor:
+def _coverage(labels: torch.Tensor, p: _Geometry, size: int) -> torch.Tensor:
     """Fraction of each pixel covered by its image's shape, ``[n, 1, size, size]``.
 
     Images are grouped by class so each implicit function runs once per chunk of its own
@@ -191,7 +172,7 @@ def _coverage(labels: torch.Tensor, p: _Params, size: int) -> torch.Tensor:
     return alpha
 
 
-def _class_coverage(shape_fn: _ShapeFn, p: _Params, size: int) -> torch.Tensor:
+def _class_coverage(shape_fn: _ShapeFn, p: _Geometry, size: int) -> torch.Tensor:
     """Coverage ``[m, 1, size, size]`` of one shape drawn with the parameters ``p``.
 
     The implicit function is evaluated in the shape's own frame (u, v): centred, rotated and

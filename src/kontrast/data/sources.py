@@ -9,6 +9,7 @@ Sources (the ``source`` string):
   levels down inside a single wrapping folder (``cifar10/train/...``).
 * a ``.tar`` / ``.tar.gz`` / ``.tgz`` (also ``.tar.bz2``, ``.tar.xz``) archive of such a tree,
   streamed with :mod:`tarfile`, never unpacked to disk.
+* a ``.jsonl`` / ``.csv`` paired file of image paths and captions (CLIP; :mod:`kontrast.data.pairs`).
 * torchvision-format CIFAR pickles: ``cifar-10-batches-py/`` or ``cifar-100-python/`` (the
   folder itself, its parent, or the official ``.tar.gz`` that holds it). They are read with
   a restricted unpickler that can only build numpy arrays: never plain ``pickle.load``.
@@ -28,6 +29,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import stat
 import tarfile
 import warnings
 import zlib
@@ -43,6 +45,7 @@ from torchvision.transforms.v2 import functional as TF
 
 from kontrast.data import cache
 from kontrast.data.cache import CachedSplit
+from kontrast.data.sequences import SEQUENCE_CLASSES, make_sequences
 from kontrast.data.shapes import SHAPE_CLASSES, make_shapes
 from kontrast.errors import UserError
 
@@ -57,14 +60,21 @@ IMAGE_EXTENSIONS = frozenset(
     {".jpg", ".jpeg", ".jfif", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm",
      ".pgm", ".pbm", ".pnm"}
 )  # fmt: skip
+PAIR_SUFFIXES = (".jsonl", ".csv")
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
 SHAPES_TRAIN_DEFAULT = 10_000  # "shapes" = "shapes:10000"; test is always N // 5
+SEQUENCES_TRAIN_DEFAULT = 10_000  # "sequences" = "sequences:10000"; test is N // 5
 HOLDOUT_EVERY = 10  # class-folders-only layout: the 10th, 20th, ... image of a class is test
 SHAPES_SEEDS = {"train": 0, "test": 1}
 
 _DECODE_CHUNK = 256  # images per torchvision decode call
-_BAD_SHOWN = 3  # unreadable paths named in the error message
+_BAD_SHOWN = 10  # unreadable paths named in the error message
 _JPEG_MAGIC = b"\xff\xd8\xff"
+# Decompression-bomb guard: PIL's own threshold (it only warns between 1x and 2x of it, and
+# torchvision's JPEG decoder has none: a 30000x30000 header would allocate 2.7 GB). Larger images
+# are reported as unreadable before any pixel is decoded.
+MAX_IMAGE_PIXELS = 89_478_485
+MAX_FILE_BYTES = 512 << 20  # larger files are not images to train on (and a link to /dev/zero has no end)
 
 Blob = tuple[str, bytes]  # (path inside the source, file bytes)
 
@@ -73,10 +83,11 @@ Blob = tuple[str, bytes]  # (path inside the source, file bytes)
 class ImageSet:
     """A whole split in memory: what every other part of kontrast consumes."""
 
-    images: torch.Tensor  # uint8 [N, 3, size, size], CPU, contiguous
+    images: torch.Tensor  # uint8 [N, 3, size, size], CPU, contiguous (float32 [N, C, T] for `sequences`)
     labels: torch.Tensor | None  # int64 [N], None when unlabelled
     classes: list[str]  # class names ([] when unlabelled)
     name: str  # human-readable source description
+    captions: list[str] | None = None  # one text per image (paired files, kontrast.data.pairs), else None
 
     def __len__(self) -> int:
         return int(self.images.shape[0])
@@ -87,7 +98,8 @@ class ImageSet:
             return self
         keep = torch.randperm(len(self), generator=torch.Generator().manual_seed(seed))[:n]  # [n]
         labels = None if self.labels is None else self.labels[keep]
-        return ImageSet(self.images[keep], labels, self.classes, self.name)
+        captions = None if self.captions is None else [self.captions[i] for i in keep.tolist()]
+        return ImageSet(self.images[keep], labels, self.classes, self.name, captions)
 
 
 def load_images(
@@ -110,6 +122,12 @@ def load_images(
     _check_size(size)
     if _is_shapes(source):
         return _load_shapes(source, split, size)
+    if _is_sequences(source):
+        return _load_sequences(source, split)
+    if source.lower().endswith(PAIR_SUFFIXES):  # image path + caption per line (CLIP)
+        from kontrast.data.pairs import load_pairs
+
+        return load_pairs(source, split, size=size, skip_bad_images=skip_bad_images)
     src = _open_source(Path(source).expanduser())
     src.check_split(split)
     entry = _cached_or_built(src, split, size, cache.cache_root(cache_dir))
@@ -140,6 +158,25 @@ def _load_shapes(source: str, split: str, size: int) -> ImageSet:
     n = n_train if split == "train" else n_train // 5
     images, labels = make_shapes(n, seed=SHAPES_SEEDS[split], size=size)
     return ImageSet(images, labels, list(SHAPE_CLASSES), f"shapes:{n_train} ({split})")
+
+
+def _is_sequences(source: str) -> bool:
+    return source == "sequences" or source.startswith("sequences:")
+
+
+def _load_sequences(source: str, split: str) -> ImageSet:
+    """The built-in sequences (:mod:`kontrast.data.sequences`): float32 ``[N, 1, T]``, not images."""
+    n_train = SEQUENCES_TRAIN_DEFAULT if source == "sequences" else _count_after_colon(source, "sequences")
+    n = n_train if split == "train" else n_train // 5
+    x, labels = make_sequences(n, seed=SHAPES_SEEDS[split])
+    return ImageSet(x, labels, list(SEQUENCE_CLASSES), f"sequences:{n_train} ({split})")
+
+
+def _count_after_colon(source: str, kind: str) -> int:
+    text = source.split(":", 1)[1]
+    if not text.isdigit() or int(text) < 5:
+        raise UserError(f"bad dataset {source!r}: write {kind}:N with N >= 5 training items")
+    return int(text)
 
 
 def _shapes_count(source: str) -> int:
@@ -277,6 +314,7 @@ class _FolderSource(_Source):
 
     def build(self, size: int) -> dict[str, CachedSplit]:
         images, bad = decode_blobs(self._blobs(), size)
+        bad.update({rel: why for rel, why in self.read_errors.items() if rel in bad})  # the precise reason
         return self.plan.assemble(images, bad, self.where, size)
 
     def check_split(self, split: str) -> None:
@@ -285,12 +323,36 @@ class _FolderSource(_Source):
             raise _unlabelled_test_error(self.where)
 
     def _blobs(self) -> Iterator[Blob]:
-        """(path, bytes) of every planned file; an unreadable file yields empty bytes."""
+        """(path, bytes) of every planned file; an unreadable one yields empty bytes (its reason
+        goes to ``read_errors``), so decoding reports it with the others."""
+        self.read_errors: dict[str, str] = {}
         for rel in self.plan.all_paths():
-            try:
-                yield rel, (self.path / rel).read_bytes()
-            except OSError:
-                yield rel, b""  # decoding then reports it as unreadable, with the others
+            data = read_regular_file(self.path / rel)
+            if isinstance(data, str):
+                self.read_errors[rel] = data
+                data = b""
+            yield rel, data
+
+
+def read_regular_file(path: Path) -> bytes | str:
+    """The bytes of ``path`` (symbolic links followed), or why they cannot be used.
+
+    Only regular files up to MAX_FILE_BYTES are read: a link to a device (``/dev/zero``) or a FIFO
+    would never end or never answer; a symbolic-link loop or a dangling link is an OS error.
+    """
+    try:
+        info = path.stat()
+    except OSError as exc:
+        return f"cannot read it: {exc.strerror or exc}"
+    if not stat.S_ISREG(info.st_mode):
+        return "not a regular file (a device, FIFO or socket)"
+    if info.st_size > MAX_FILE_BYTES:
+        return f"{info.st_size} bytes, larger than the {MAX_FILE_BYTES >> 20} MiB limit for an image file"
+    try:
+        with open(path, "rb") as f:
+            return f.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        return f"cannot read it: {exc.strerror or exc}"
 
 
 class _TarSource(_Source):
@@ -310,6 +372,7 @@ class _TarSource(_Source):
     def build(self, size: int) -> dict[str, CachedSplit]:
         extras: dict[str, bytes] = {}  # CIFAR pickle members, if this is the official tarball
         images, bad = decode_blobs(self._members(extras), size)
+        bad.update({name: why for name, why in self.read_errors.items() if name in bad})
         names = sorted(set(images) | set(bad))
         if not names:
             found = _find_cifar_members(extras)
@@ -321,13 +384,17 @@ class _TarSource(_Source):
 
     def _members(self, extras: dict[str, bytes]) -> Iterator[Blob]:
         """Stream (path, bytes) of image members; stash CIFAR pickle members in ``extras``."""
+        self.read_errors: dict[str, str] = {}
         try:
             with tarfile.open(self.path, mode="r|*") as archive:
                 for member in archive:
                     name = _clean_member_name(member.name)
                     if not member.isfile() or not name:
                         continue
-                    if _is_image_path(name):
+                    if _is_image_path(name) and member.size > MAX_FILE_BYTES:
+                        self.read_errors[name] = f"{member.size} bytes, larger than the {MAX_FILE_BYTES >> 20} MiB limit"
+                        yield name, b""
+                    elif _is_image_path(name):
                         yield name, _read_member(archive, member)
                     elif _is_cifar_member(name):
                         extras[name] = _read_member(archive, member)
@@ -584,7 +651,9 @@ def _chunks(items: Iterable[Blob], n: int) -> Iterator[list[Blob]]:
 
 def _decode_chunk(chunk: list[Blob], size: int) -> list[tuple[str, torch.Tensor | str]]:
     """JPEGs through torchvision in one call, the rest (and any it refuses) through PIL."""
-    jpegs = [i for i, (_, data) in enumerate(chunk) if data.startswith(_JPEG_MAGIC)]
+    bombs = {i: _too_large(*_jpeg_size(data)) for i, (_, data) in enumerate(chunk) if data.startswith(_JPEG_MAGIC)}
+    bombs = {i: why for i, why in bombs.items() if why}  # never handed to a decoder
+    jpegs = [i for i, (_, data) in enumerate(chunk) if data.startswith(_JPEG_MAGIC) and i not in bombs]
     decoded: dict[int, torch.Tensor | None] = dict(
         zip(jpegs, _decode_jpegs([chunk[i][1] for i in jpegs]))
     )
@@ -593,7 +662,10 @@ def _decode_chunk(chunk: list[Blob], size: int) -> list[tuple[str, torch.Tensor 
         warnings.simplefilter("ignore")  # PIL's per-file chatter (EXIF, palettes, ...)
         for i, (path, data) in enumerate(chunk):
             image = decoded.get(i)
-            result = _decode_with_pil(data) if image is None else image
+            if i in bombs:
+                result = bombs[i]
+            else:
+                result = _decode_with_pil(data) if image is None else image
             results.append((path, result if isinstance(result, str) else fit_image(result, size)))
     return results
 
@@ -612,6 +684,37 @@ def _decode_jpegs(datas: list[bytes]) -> list[torch.Tensor | None]:
             return [_decode_one_jpeg(t) for t in tensors]
 
 
+_SOF_MARKERS = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int]:
+    """(height, width) from a JPEG's frame header, read without decoding; (0, 0) if none is found."""
+    i = 2
+    while i + 9 < len(data):
+        if data[i] != 0xFF:
+            return 0, 0
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker in _SOF_MARKERS:
+            return int.from_bytes(data[i + 5 : i + 7], "big"), int.from_bytes(data[i + 7 : i + 9], "big")
+        if marker == 0xDA:  # start of scan before any frame header: not a valid JPEG
+            return 0, 0
+        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length
+            i += 2
+            continue
+        i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
+    return 0, 0
+
+
+def _too_large(height: int, width: int) -> str | None:
+    if height * width > MAX_IMAGE_PIXELS:
+        return (f"{width}x{height} pixels, over the decompression-bomb limit of {MAX_IMAGE_PIXELS} "
+                "(not decoded)")
+    return None
+
+
 def _decode_one_jpeg(data: torch.Tensor) -> torch.Tensor | None:
     try:
         return decode_jpeg(data, mode=ImageReadMode.RGB)  # uint8 [3, H, W]
@@ -622,9 +725,12 @@ def _decode_one_jpeg(data: torch.Tensor) -> torch.Tensor | None:
 def _decode_with_pil(data: bytes) -> torch.Tensor | str:
     """RGB uint8 ``[3, H, W]``, or the reason the bytes are not a readable image."""
     if not data:
-        return "empty or unreadable file"
+        return "empty file (0 bytes)"
     try:
-        with Image.open(io.BytesIO(data)) as im:
+        with Image.open(io.BytesIO(data)) as im:  # reads the header only
+            too_large = _too_large(im.height, im.width)
+            if too_large:
+                return too_large
             im.load()  # decode now: truncated and corrupt files fail here
             rgb = pil_to_rgb_array(im)  # uint8 [H, W, 3]
     except UnidentifiedImageError:

@@ -19,6 +19,7 @@ ENCODERS: Registry = Registry("encoder")
 TORCHVISION_PREFIX = "torchvision:"
 
 from kontrast.encoders import resnet  # noqa: E402  (registers resnet18/34/50 into ENCODERS)
+from kontrast.encoders import amdim, sequence  # noqa: E402,F401  (amdim; conv1d, cpc_audio for sequences)
 
 
 def create_encoder(name: str, *, stem: str | None = None, width: float = 1.0, **kw) -> nn.Module:

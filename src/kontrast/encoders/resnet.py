@@ -11,7 +11,8 @@ solo-learn: one 3×3 stride-1 conv and no max-pool, so a 32×32 input keeps 32×
 stage instead of being cut to 8×8 before any residual block runs.
 
 The encoder holds no head: ``forward`` returns globally average-pooled features ``[B, dim]``;
-``forward_features`` returns the last feature map ``[B, C, h, w]`` for dense/local methods.
+``forward_features`` returns the last feature map ``[B, C, h, w]`` for dense/local methods, and
+``forward_maps`` the map after every stage (multiscale methods).
 """
 
 from __future__ import annotations
@@ -172,6 +173,7 @@ class ResNet(nn.Module):
             self.add_module(f"layer{i + 1}", stage)
             c_in = p * block.expansion
         self.dim: int = c_in
+        self.map_dims: tuple[int, ...] = tuple(p * block.expansion for p in planes)  # channels of forward_maps
         init_weights(self, zero_init_residual)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
@@ -182,6 +184,18 @@ class ResNet(nn.Module):
         x = self.layer2(x)  # stride 2
         x = self.layer3(x)  # stride 2
         return self.layer4(x)  # stride 2
+
+    def forward_maps(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """The feature map after each stage, finest first: ``[B, map_dims[s], h_s, w_s]``.
+
+        CIFAR stem, 32 px: 32, 16, 8, 4 positions per side (local/multiscale methods: AMDIM, YADIM).
+        """
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))  # [B, c0, H, W] cifar · [B, c0, H/4, W/4] imagenet
+        maps = []
+        for stage in (self.layer1, self.layer2, self.layer3, self.layer4):
+            x = stage(x)  # stride 1, 2, 2, 2
+            maps.append(x)
+        return maps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Globally average-pooled features ``[B, dim]``."""

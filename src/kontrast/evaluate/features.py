@@ -66,22 +66,27 @@ def extract_features(
     normalised there; ``precision="bf16"`` runs the encoder under bf16 autocast. The encoder
     must already live on ``device`` (it is not moved, so the caller's model is left as is).
 
+    Float input (the built-in sequences, ``[N, C, T]``) is fed as is; ``mean`` and ``std`` are ignored.
+
     Args:
         mean, std: per-channel normalisation in [0, 1] units, e.g. CIFAR-10's
             ``(0.4914, 0.4822, 0.4465)``, ``(0.2470, 0.2435, 0.2616)``.
     """
-    check_images(images_uint8)
+    sequences = images_uint8.is_floating_point() and images_uint8.ndim == 3  # float [N, C, T] sequences go in as they are
+    if not sequences:
+        check_images(images_uint8)
     if precision not in PRECISIONS:
         raise UserError(f"unknown precision {precision!r}; choose one of: {', '.join(PRECISIONS)}")
     device = torch.device(device)
-    mean_t = torch.as_tensor(mean, dtype=torch.float32, device=device)  # [C]
-    std_t = torch.as_tensor(std, dtype=torch.float32, device=device)  # [C]
+    if not sequences:
+        mean_t = torch.as_tensor(mean, dtype=torch.float32, device=device)  # [C]
+        std_t = torch.as_tensor(std, dtype=torch.float32, device=device)  # [C]
     chunks = []
     autocast = torch.autocast(device.type, torch.bfloat16, enabled=precision == "bf16")
     with eval_mode(encoder), autocast:
         for start in range(0, len(images_uint8), batch_size):
             batch = images_uint8[start : start + batch_size].to(device, non_blocking=True)
-            feats = encoder(normalise(batch, mean_t, std_t))  # [B, dim]
+            feats = encoder(batch if sequences else normalise(batch, mean_t, std_t))  # [B, dim]
             chunks.append(feats.float().cpu())
     return torch.cat(chunks)  # [N, dim]
 

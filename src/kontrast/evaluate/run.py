@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from kontrast.checkpoint import STATE_FILE, latest_checkpoint, load_weights
@@ -9,8 +10,9 @@ from kontrast.config import Config, load_yaml
 from kontrast.data import load_images
 from kontrast.errors import UserError
 from kontrast.evaluate.protocol import evaluate_encoder
+from kontrast.evaluate.zeroshot import supports_zeroshot, zeroshot_top1
 from kontrast.methods.base import Method
-from kontrast.methods.build import create_method, resolve, view_specs
+from kontrast.methods.build import check_inputs, create_method, resolve, view_specs
 
 
 def load_run(path: str | Path) -> tuple[Config, Method, Path]:
@@ -27,9 +29,17 @@ def load_run(path: str | Path) -> tuple[Config, Method, Path]:
     if not (run_dir / "config.yaml").is_file():
         raise UserError(f"{run_dir}/config.yaml is missing; --checkpoint must point at a kontrast run directory")
     cfg = resolve(load_yaml(run_dir / "config.yaml"))
-    method = create_method(cfg)
+    method = create_method(cfg, num_samples=_num_samples(ckpt))
     load_weights(ckpt, method)
     return cfg, method, ckpt
+
+
+def _num_samples(ckpt: Path) -> int:
+    """The training-set size recorded in a checkpoint's state (sizes memory banks); 0 if absent."""
+    try:
+        return int(json.loads((ckpt / STATE_FILE).read_text()).get("num_samples", 0))
+    except (OSError, ValueError, AttributeError):
+        return 0  # load_weights reports a damaged checkpoint more precisely
 
 
 def evaluate_run(path: str | Path, data: str | None = None, *, device: str = "cpu", linear: bool = True) -> dict:
@@ -38,7 +48,13 @@ def evaluate_run(path: str | Path, data: str | None = None, *, device: str = "cp
     source = data or cfg.data.source
     kw = dict(size=cfg.data.size, cache_dir=cfg.data.cache_dir, skip_bad_images=cfg.data.skip_bad_images)
     train, test = load_images(source, "train", **kw), load_images(source, "test", **kw)
-    spec = view_specs(cfg, method)[0]  # the recipe's normalisation
-    result = evaluate_encoder(method.encoder.to(device), train, test, cfg.eval, mean=spec.mean, std=spec.std,
+    check_inputs(method, train)
+    specs = view_specs(cfg, method)  # the recipe's normalisation; none for sequences
+    spec = specs[0] if specs else None
+    mean, std = (spec.mean, spec.std) if spec else (None, None)
+    result = evaluate_encoder(method.encoder.to(device), train, test, cfg.eval, mean=mean, std=std,
                               device=device, precision=cfg.train.precision, linear=linear)
+    if supports_zeroshot(method) and test.classes:  # image-text models classify from class-name prompts
+        result["zeroshot_top1"] = zeroshot_top1(method.to(device), test, mean=spec.mean, std=spec.std,
+                                                device=device, precision=cfg.train.precision)
     return {"checkpoint": str(ckpt), "method": cfg.method.name, "data": source, **result}

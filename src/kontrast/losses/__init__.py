@@ -1,7 +1,13 @@
 """Loss room: pure functions of scores / embeddings, plus stores of negatives."""
 
 from kontrast.losses.bootstrap import negative_cosine, normalized_mse
-from kontrast.losses.infonce import info_nce, moco_loss, nt_xent
-from kontrast.losses.negatives import Queue
+from kontrast.losses.chunked import info_nce_chunked
+from kontrast.losses.infonce import info_nce, mi_bound, moco_loss, nt_xent, two_view_info_nce
+from kontrast.losses.local import nce_shared_negatives, score_penalty
+from kontrast.losses.nce import estimate_log_z, nce_loss
+from kontrast.losses.negatives import MemoryBank, Queue
+from kontrast.losses.spectral import spectral_contrastive_loss
 
-__all__ = ["info_nce", "nt_xent", "moco_loss", "negative_cosine", "normalized_mse", "Queue"]
+__all__ = ["info_nce", "mi_bound", "nce_shared_negatives", "score_penalty",
+           "nt_xent", "moco_loss", "negative_cosine", "normalized_mse", "Queue",
+           "spectral_contrastive_loss", "two_view_info_nce", "MemoryBank", "nce_loss", "estimate_log_z", "info_nce_chunked"]

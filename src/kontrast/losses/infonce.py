@@ -8,9 +8,12 @@ mutual information between the views.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
+from kontrast.losses.chunked import CHUNKED_ABOVE, info_nce_chunked
 from kontrast.similarity import cosine, paired_cosine
 
 
@@ -25,6 +28,17 @@ def info_nce(scores: torch.Tensor, positives: torch.Tensor, mask: torch.Tensor |
     if mask is not None:
         scores = scores.masked_fill(mask, float("-inf"))  # [N, M]
     return F.cross_entropy(scores, positives)
+
+
+def mi_bound(loss: torch.Tensor, num_candidates: int) -> torch.Tensor:
+    """``log N - L``: the InfoNCE lower bound on the mutual information between anchor and positive.
+
+    van den Oord et al. 2018, https://arxiv.org/abs/1807.03748, section 2.3 (appendix A.1):
+    ``I(x; c) >= log N - L_N`` with N candidates per anchor (one positive, N - 1 negatives).
+    In nats, detached (a metric, never a loss). It cannot exceed ``log N``, so a saturated bound
+    says the task is solved for this N, not that the mutual information is that small.
+    """
+    return math.log(num_candidates) - loss.detach().float()
 
 
 def nt_xent(
@@ -45,13 +59,30 @@ def nt_xent(
     candidates: [M, D] all views across ranks, ``cat(z1, z2)`` of every rank in
                 rank order (default: this rank's ``cat(z1, z2)``)
     offset:     row of this rank's first view inside ``candidates``
+
+    Above ``CHUNKED_ABOVE`` score entries the loss is computed in row blocks
+    (:func:`~kontrast.losses.chunked.info_nce_chunked`, memory linear in the batch, same value).
     """
     b = z1.shape[0]
     anchors = torch.cat([z1, z2])  # [2B, D]
     if candidates is None:
         candidates = anchors  # [M=2B, D]
-    scores = cosine(anchors, candidates, temperature)  # [2B, M]
-    rows = torch.arange(2 * b, device=z1.device)  # [2B]
+    if anchors.shape[0] * candidates.shape[0] > CHUNKED_ABOVE:  # large batch: never the whole [2B, M]
+        rows = torch.arange(2 * b, device=z1.device)  # [2B]
+        positives = offset + (rows + b) % (2 * b)  # [2B] the other view
+        return info_nce_chunked(anchors, candidates, positives, temperature, exclude=offset + rows)
+    return two_view_info_nce(cosine(anchors, candidates, temperature), b, offset)
+
+
+def two_view_info_nce(scores: torch.Tensor, b: int, offset: int = 0) -> torch.Tensor:
+    """NT-Xent's targets on any similarity: rows are the 2B views ``cat(view 1, view 2)``.
+
+    scores: [2B, M] similarity of each view to the candidates (e.g. ``cosine / tau`` for
+            SimCLR, a log-kernel for Kernel-InfoNCE), whose columns ``offset .. offset + 2B``
+            are this batch's views in the same order. Each row's positive is the other view of
+            its image; the row's own column is masked. 2B - 1 candidates per row when M = 2B.
+    """
+    rows = torch.arange(2 * b, device=scores.device)  # [2B]
     positives = offset + (rows + b) % (2 * b)  # [2B] the other view
     mask = torch.zeros_like(scores, dtype=torch.bool)
     mask[rows, offset + rows] = True  # never the anchor itself

@@ -30,3 +30,33 @@ class Queue(nn.Module):
         rows = (self.ptr + torch.arange(b, device=keys.device)) % self.size  # [B]
         self.items[rows] = keys.to(self.items.dtype)
         self.ptr.copy_((self.ptr + b) % self.size)
+
+
+class MemoryBank(nn.Module):
+    """One L2-normalised feature per training image (InstDisc, Wu et al. 2018, https://arxiv.org/abs/1805.01978).
+
+    Buffer (saved in every checkpoint): ``items [size, dim]``, row i = image i's feature,
+    starting as random unit vectors (paper, section 3.2). After each step the rows of the batch
+    move towards the new features and are re-normalised (the authors' code, ``NCEAverage``):
+    ``v_i <- normalize(momentum * v_i + (1 - momentum) * f_i)``.
+    """
+
+    def __init__(self, size: int, dim: int, momentum: float = 0.5, generator: torch.Generator | None = None):
+        super().__init__()
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"memory bank momentum must be in [0, 1), got {momentum}")
+        self.size, self.momentum = size, momentum
+        self.register_buffer("items", F.normalize(torch.randn(size, dim, generator=generator), dim=1))
+
+    def sample(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """``n`` row indices drawn uniformly with replacement (the noise distribution P_n = 1/size). [n]"""
+        if self.size == 0:
+            raise ValueError("the memory bank is empty (size 0)")
+        return torch.randint(self.size, (n,), generator=generator, device=self.items.device)
+
+    @torch.no_grad()
+    def update(self, indices: torch.Tensor, features: torch.Tensor) -> None:
+        """Move rows ``indices [B]`` (distinct) towards ``features [B, dim]`` (L2-normalised), then re-normalise."""
+        old = self.items[indices].float()  # [B, dim]
+        new = self.momentum * old + (1.0 - self.momentum) * features.float()  # [B, dim]
+        self.items[indices] = F.normalize(new, dim=1).to(self.items.dtype)

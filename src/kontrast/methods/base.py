@@ -42,6 +42,15 @@ class Method(nn.Module):
     def after_step(self, progress: float) -> None:
         """Update stateful parts after the optimizer step; ``progress`` = finished steps / total."""
 
+    def bind_data(self, data: Any) -> str | None:
+        """Receive the training :class:`~kontrast.data.ImageSet` once, before training.
+
+        For per-sample data a method needs beside the images (CLIP's captions), looked up
+        with ``indices`` in ``training_step``; kept out of checkpoints (it is data, not state).
+        Returns an optional one-line note for the log. Most methods need nothing.
+        """
+        return None
+
 
 def embedding_std(z: torch.Tensor) -> torch.Tensor:
     """Mean per-dimension std of L2-normalised embeddings: ~1/sqrt(D) healthy, 0 collapsed.

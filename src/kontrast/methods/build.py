@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kontrast.config import Config, _section, build_config, merge, to_dict
 from kontrast.encoders import create_encoder
+from kontrast.errors import UserError
 from kontrast.methods import METHODS
 from kontrast.methods.base import Method
 
@@ -26,7 +27,10 @@ def resolve(raw: dict) -> Config:
     params = method_params(cfg.method.name, dict(cfg.method.args))
     full = to_dict(cfg)
     full["method"] = {"name": cfg.method.name, **params.__dict__}
-    return build_config(full)
+    cfg = build_config(full)
+    if hasattr(params, "validate"):  # checks spanning sections, e.g. MoCo's queue vs the batch size
+        params.validate(cfg)
+    return cfg
 
 
 def create_method(cfg: Config, num_samples: int = 0) -> Method:
@@ -36,14 +40,29 @@ def create_method(cfg: Config, num_samples: int = 0) -> Method:
     return cls(encoder, method_params(cfg.method.name, dict(cfg.method.args)), num_samples)
 
 
+def check_inputs(method: Method, data) -> None:
+    """Sequence methods (``recipe = None``) need a sequence source, image methods an image source."""
+    sequences = data.images.is_floating_point()  # ImageSet: uint8 images or float32 sequences
+    if method.recipe is None and not sequences:
+        raise UserError(f"{data.name} holds images, but this method trains on sequences; use --data sequences")
+    if method.recipe is not None and sequences:
+        raise UserError(f"{data.name} holds sequences, not images; this method needs an image source "
+                        "(or use --method cpc)")
+
+
 def view_specs(cfg: Config, method: Method) -> tuple:
     """The augment recipe (the method's, or ``augment.recipe``) with ``augment.view`` overrides
-    and the configured resolution applied to every view."""
+    and the configured resolution applied to every view (times its ``size_factor``: multi-crop)."""
     from dataclasses import replace
 
     from kontrast.augment import ViewSpec, get_recipe
 
+    if method.recipe is None:  # a sequence method (CPC v1): the loop hands it the raw float batch
+        if cfg.augment.recipe or cfg.augment.view:
+            raise UserError(f"method {cfg.method.name} takes no image augmentation; remove the augment settings")
+        return ()
     recipe = get_recipe(cfg.augment.recipe or method.recipe)
     overrides = _section(ViewSpec, {**cfg.augment.view, "size": cfg.data.size}, "augment.view")
-    changed = {k: getattr(overrides, k) for k in [*cfg.augment.view, "size"]}
-    return tuple(replace(spec, **changed) for spec in recipe)
+    changed = {k: getattr(overrides, k) for k in cfg.augment.view}
+    specs = [replace(spec, **changed) for spec in recipe]
+    return tuple(replace(s, size=max(1, round(cfg.data.size * s.size_factor))) for s in specs)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from kontrast.config import checked
 from kontrast.encoders.target import MomentumTarget, cosine_momentum
 from kontrast.extract import mlp
 from kontrast.losses import normalized_mse
@@ -24,10 +25,10 @@ from kontrast.methods.base import Method, embedding_std
 
 @dataclass(frozen=True)
 class BYOLParams:
-    proj_hidden: int = 4096
-    proj_dim: int = 256
-    pred_hidden: int = 4096
-    base_momentum: float = 0.99
+    proj_hidden: int = checked(4096, ge=1)
+    proj_dim: int = checked(256, ge=1)
+    pred_hidden: int = checked(4096, ge=1)
+    base_momentum: float = checked(0.99, ge=0, le=1)
 
 
 @METHODS.register("byol")

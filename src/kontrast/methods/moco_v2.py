@@ -22,24 +22,37 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from kontrast.config import checked
 from kontrast.encoders.batchnorm import grouped_forward, shuffled_forward
 from kontrast.encoders.target import MomentumTarget
+from kontrast.errors import UserError
 from kontrast.extract import mlp
-from kontrast.losses import Queue, moco_loss
+from kontrast.losses import Queue, mi_bound, moco_loss
 from kontrast.methods import METHODS
 from kontrast.methods.base import Method, embedding_std
 
 
 @dataclass(frozen=True)
 class MoCoV2Params:
-    temperature: float = 0.2
-    queue_size: int = 4096
-    momentum: float = 0.99
-    proj_hidden: int = 2048
-    proj_dim: int = 128
+    temperature: float = checked(0.2, gt=0)
+    queue_size: int = checked(4096, ge=1)
+    momentum: float = checked(0.99, ge=0, le=1)
+    proj_hidden: int = checked(2048, ge=0)  # 0 = a linear head (MoCo v1)
+    proj_dim: int = checked(128, ge=1)
     symmetric: bool = True  # loss on both (q1, k2) and (q2, k1)
     proj_bn: bool = True  # BN in the head's hidden layer (see docstring)
-    bn_groups: int = 8  # shuffling-BN emulation: BN statistics over 8 groups (lightly's CIFAR setting)
+    bn_groups: int = checked(8, ge=1)  # shuffling-BN emulation: BN statistics over 8 groups (lightly's CIFAR setting)
+
+    def validate(self, cfg) -> None:
+        """The queue must hold at least one step's keys, and each BN group needs 2 samples."""
+        keys = cfg.train.batch_size * (2 if self.symmetric else 1)
+        if self.queue_size < keys:
+            raise UserError(f"config key 'method.queue_size' ({self.queue_size}) is smaller than the keys pushed "
+                            f"per step ({keys} = batch {cfg.train.batch_size}{' x 2 views' if self.symmetric else ''}); "
+                            "raise it or lower the batch size")
+        if cfg.train.batch_size < 2 * self.bn_groups:
+            raise UserError(f"config key 'method.bn_groups' ({self.bn_groups}) needs a batch of at least "
+                            f"{2 * self.bn_groups} (2 per BN group), got {cfg.train.batch_size}; lower bn_groups")
 
 
 @METHODS.register("moco_v2")
@@ -50,7 +63,8 @@ class MoCoV2(Method):
 
     def __init__(self, encoder, params: MoCoV2Params, num_samples: int = 0):
         super().__init__(encoder, params, num_samples)
-        self.projector = mlp([encoder.dim, params.proj_hidden, params.proj_dim], norm=params.proj_bn)
+        hidden = [params.proj_hidden] if params.proj_hidden else []
+        self.projector = mlp([encoder.dim, *hidden, params.proj_dim], norm=params.proj_bn)
         self.target = MomentumTarget(self._online())
         self.queue = Queue(params.queue_size, params.proj_dim)
         self._keys: torch.Tensor | None = None
@@ -72,7 +86,8 @@ class MoCoV2(Method):
             self._keys = k
         else:
             self._keys = k2
-        return {"loss": loss, "embedding_std": embedding_std(q1)}
+        n = 1 + queue.shape[0]  # candidates per query: its key and the queue
+        return {"loss": loss, "embedding_std": embedding_std(q1), "mi_bound": mi_bound(loss, n)}
 
     def after_step(self, progress: float) -> None:
         self.target.update(self._online(), self.params.momentum)

@@ -12,17 +12,18 @@ from dataclasses import dataclass
 
 import torch
 
+from kontrast.config import checked
 from kontrast.extract import mlp
-from kontrast.losses import nt_xent
+from kontrast.losses import mi_bound, nt_xent
 from kontrast.methods import METHODS
 from kontrast.methods.base import Method, embedding_std
 
 
 @dataclass(frozen=True)
 class SimCLRParams:
-    temperature: float = 0.5
-    proj_hidden: int = 0  # 0 = the encoder's feature dim, as in the paper
-    proj_dim: int = 128
+    temperature: float = checked(0.5, gt=0)
+    proj_hidden: int = checked(0, ge=0)  # 0 = the encoder's feature dim, as in the paper
+    proj_dim: int = checked(128, ge=1)
 
 
 @METHODS.register("simclr")
@@ -41,4 +42,4 @@ class SimCLR(Method):
         z = self.projector(self.encoder(torch.cat(views[:2])))  # [2B, proj_dim]
         z1, z2 = z[:b], z[b:]  # [B, proj_dim] each
         loss = nt_xent(z1, z2, self.params.temperature)
-        return {"loss": loss, "embedding_std": embedding_std(z1)}
+        return {"loss": loss, "embedding_std": embedding_std(z1), "mi_bound": mi_bound(loss, 2 * b - 1)}

@@ -1,0 +1,159 @@
+"""Per-step time breakdown of a method, and the share of the step outside its encoder.
+
+One step as ``kontrast.train.loop.fit`` runs it, timed phase by phase (with a device
+synchronisation between phases on a GPU): data + augmentation (index the uint8 dataset,
+``make_views``), forward + loss (``training_step``), backward, the non-finite guard,
+optimizer, ``after_step`` (queues, EMA, banks). Then the encoder alone: every call the step
+made to ``method.encoder`` is replayed on the same inputs (forward + backward of a plain sum),
+and every call to a momentum copy of it (MoCo's key encoder, BYOL's target) is replayed
+forward only. ``outside`` = 1 - (encoder fwd+bwd + target fwd) / step: the time a perfect
+implementation of everything but the encoder could still save.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from contextlib import contextmanager
+
+import torch
+import torch.nn as nn
+
+from kontrast.augment import SampleRNG, derive_key, make_views
+from kontrast.config import Config
+from kontrast.methods.build import create_method, view_specs
+from kontrast.train.loop import NonFiniteGuard
+from kontrast.train.optim import create_optimizer
+
+PHASES = ("data_augment", "forward_loss", "backward", "guard", "optimizer", "after_step")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _tensors(out) -> list[torch.Tensor]:
+    """Every tensor in an encoder output (a tensor, or a tuple / list / dict of them)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in _tensors(o)]
+    return []
+
+
+def _detached(value):
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_detached(v) for v in value)
+    return value
+
+
+@contextmanager
+def _recording(modules: list[nn.Module], calls: list[list]):
+    """Record ``(args, kwargs)`` of every forward call of each module (inputs detached)."""
+    handles = [m.register_forward_pre_hook(
+        lambda _m, args, kwargs, log=log: log.append((_detached(args), _detached(kwargs))), with_kwargs=True)
+        for m, log in zip(modules, calls)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def step_breakdown(cfg: Config, images: torch.Tensor, data, *, iters: int, device: torch.device) -> dict:
+    """Median seconds per phase over ``iters`` steps (after two warm-up steps), and the encoder share.
+
+    cfg: a resolved config (method, encoder, batch, precision, channels_last); images: uint8
+    [N, 3, H, W] on ``device``; data: the ImageSet they came from (for ``bind_data``).
+    """
+    tc = cfg.train
+    torch.manual_seed(tc.seed)
+    method = create_method(cfg, num_samples=len(images)).to(device)
+    if tc.channels_last:
+        method = method.to(memory_format=torch.channels_last)
+    method.bind_data(data)
+    specs = view_specs(cfg, method)
+    optimizer = create_optimizer(method, cfg.optim, tc.batch_size)
+    guard = NonFiniteGuard(method, device)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=tc.precision == "bf16")
+    targets = [m for m in method.modules() if type(m) is type(method.encoder) and m is not method.encoder]
+    gen = torch.Generator().manual_seed(tc.seed)
+    key = derive_key("bench", tc.seed)
+    method.train()
+
+    def one_step(times: dict | None, step: int, record: list | None = None) -> None:
+        t = [time.perf_counter()]
+
+        def lap():
+            _sync(device)
+            t.append(time.perf_counter())
+
+        idx = torch.randperm(len(images), generator=gen)[: tc.batch_size].to(device)
+        views = make_views(images[idx], specs, SampleRNG(key, idx))
+        if tc.channels_last:
+            views = [v.contiguous(memory_format=torch.channels_last) for v in views]
+        lap()
+        if record is not None:
+            with _recording([method.encoder, *targets], record), autocast:
+                out = method.training_step(views, idx)
+        else:
+            with autocast:
+                out = method.training_step(views, idx)
+        lap()
+        optimizer.zero_grad(set_to_none=True)
+        out["loss"].backward()
+        lap()
+        guard.check_step(step, out["loss"])
+        lap()
+        optimizer.step()
+        lap()
+        method.after_step(min(1.0, step / 1000))
+        lap()
+        if times is not None:
+            for name, a, b in zip(PHASES, t, t[1:]):
+                times[name].append(b - a)
+
+    def encoder_only() -> None:
+        with autocast:
+            outs = [t for args, kw in calls[0] for t in _tensors(method.encoder(*args, **kw))]
+        sum(o.float().sum() for o in outs).backward()
+        _sync(device)
+
+    def targets_only() -> None:
+        with torch.no_grad(), autocast:
+            for module, log in zip(targets, calls[1:]):
+                for args, kw in log:
+                    module(*args, **kw)
+        _sync(device)
+
+    calls: list[list] = [[] for _ in range(1 + len(targets))]
+    one_step(None, 1, calls)  # warm-up, recording the encoder's inputs
+    one_step(None, 2)
+    encoder_only()  # warm-up
+    method.zero_grad(set_to_none=True)
+    times: dict[str, list[float]] = {p: [] for p in PHASES}
+    enc, tgt = [], []
+    for i in range(iters):  # step and encoder alone alternate, so a change in machine load hits both
+        one_step(times, 3 + i)
+        method.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        encoder_only()
+        t1 = time.perf_counter()
+        targets_only()
+        enc.append(t1 - t0)
+        tgt.append(time.perf_counter() - t1)
+        method.zero_grad(set_to_none=True)
+    phases = {p: statistics.median(v) for p, v in times.items()}
+    step_s = sum(phases.values())
+    encoder_s = statistics.median(enc)
+    target_s = statistics.median(tgt) if targets else 0.0
+    return {"method": cfg.method.name, "batch": tc.batch_size, "step_s": step_s,
+            "img_per_s": tc.batch_size / step_s,
+            "phases_s": phases, "encoder_fwd_bwd_s": encoder_s, "target_fwd_s": target_s,
+            "encoder_calls": len(calls[0]), "target_calls": sum(len(c) for c in calls[1:]),
+            "outside_encoder": max(0.0, 1.0 - (encoder_s + target_s) / step_s)}

@@ -1,0 +1,101 @@
+"""Clustering: k-means (k-means++ seeding, restarts), spectral clustering of a weighted graph,
+and the adjusted Rand index.
+
+Written in torch because the project has no scikit-learn dependency and these are a few
+dozen lines; tests check the ARI against the pair-counting formula and k-means on separated blobs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _plus_plus(x: torch.Tensor, k: int, g: torch.Generator) -> torch.Tensor:
+    """k-means++ seeding (Arthur & Vassilvitskii 2007): centres [k, D] drawn ∝ squared distance."""
+    centres = [x[torch.randint(len(x), (1,), generator=g)]]  # [1, D]
+    d2 = torch.cdist(x, centres[0]).pow(2).squeeze(1)  # [N]
+    for _ in range(1, k):
+        probs = d2 if d2.sum() > 0 else torch.ones_like(d2)  # all points equal: any is fine
+        centres.append(x[torch.multinomial(probs, 1, generator=g)])
+        d2 = torch.minimum(d2, torch.cdist(x, centres[-1]).pow(2).squeeze(1))
+    return torch.cat(centres)  # [k, D]
+
+
+def kmeans(x: torch.Tensor, k: int, *, seed: int = 0, restarts: int = 8, iters: int = 100) -> torch.Tensor:
+    """Lloyd's k-means, best of ``restarts`` k-means++ seedings by inertia: [N, D] -> labels [N] int64."""
+    if not 1 <= k <= len(x):
+        raise ValueError(f"k-means needs 1 <= k <= N, got k={k}, N={len(x)}")
+    x = x.double()
+    g = torch.Generator().manual_seed(seed)
+    best, best_inertia = None, float("inf")
+    for _ in range(restarts):
+        centres = _plus_plus(x, k, g)  # [k, D]
+        labels = None
+        for _ in range(iters):
+            new = torch.cdist(x, centres).argmin(1)  # [N]
+            if labels is not None and torch.equal(new, labels):
+                break
+            labels = new
+            for c in range(k):  # an emptied cluster keeps its old centre
+                members = x[labels == c]
+                if len(members):
+                    centres[c] = members.mean(0)
+        inertia = float(torch.cdist(x, centres).pow(2).gather(1, labels[:, None]).sum())
+        if inertia < best_inertia:
+            best, best_inertia = labels, inertia
+    return best
+
+
+def adjusted_rand_index(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Hubert & Arabie's adjusted Rand index of two labelings [N]: 1 identical up to renaming, ~0 chance.
+
+    From the contingency table ``n_ij``: ``(sum C(n_ij,2) - E) / (mean(sum C(a_i,2), sum C(b_j,2)) - E)``
+    with ``E = sum C(a_i,2) sum C(b_j,2) / C(N,2)``. Two identical trivial labelings give 1.
+    """
+    a, b = torch.as_tensor(a).long(), torch.as_tensor(b).long()
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"labelings must be two [N] tensors, got {tuple(a.shape)} and {tuple(b.shape)}")
+    _, a = a.unique(return_inverse=True)
+    _, b = b.unique(return_inverse=True)
+    kb = int(b.max()) + 1
+    table = torch.bincount(a * kb + b, minlength=(int(a.max()) + 1) * kb).double()  # [Ka*Kb]
+    table = table.view(-1, kb)  # [Ka, Kb] contingency
+
+    def pairs(t: torch.Tensor) -> float:
+        return float((t * (t - 1) / 2).sum())
+
+    both, rows, cols = pairs(table), pairs(table.sum(1)), pairs(table.sum(0))
+    expected = rows * cols / (len(a) * (len(a) - 1) / 2)
+    top = (rows + cols) / 2
+    if top == expected:  # both labelings trivial (one cluster, or all singletons)
+        return 1.0
+    return (both - expected) / (top - expected)
+
+
+def normalized_adjacency(adjacency: torch.Tensor) -> torch.Tensor:
+    """``D^(-1/2) A D^(-1/2)``: [n, n] -> [n, n]; its eigenvalues lie in [-1, 1], the top one is 1."""
+    s = adjacency.sum(1).rsqrt()  # [n] D^(-1/2)
+    return s[:, None] * adjacency * s[None, :]  # [n, n]
+
+
+def spectral_embedding(adjacency: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k eigenpairs of the normalised adjacency, largest first.
+
+    Returns ``(eigenvalues [k], eigenvectors [n, k])`` with orthonormal columns (float64).
+    The first eigenvector is ``sqrt(degree / total)``; eigenvectors of repeated eigenvalues
+    are any orthonormal basis of their space (compare spans, never single columns).
+    """
+    values, vectors = torch.linalg.eigh(normalized_adjacency(adjacency.double()))  # ascending
+    order = values.argsort(descending=True)[:k]  # [k]
+    return values[order], vectors[:, order]
+
+
+def spectral_clustering(adjacency: torch.Tensor, k: int, seed: int = 0) -> torch.Tensor:
+    """Shi & Malik's normalised-cut spectral clustering: k-means on the rows of ``D^(-1/2) U_k``.
+
+    (https://doi.org/10.1109/34.868688; the rows are the random-walk Laplacian's eigenvectors,
+    the embedding the spectral loss learns up to a linear map.) Returns labels [n].
+    """
+    _, u = spectral_embedding(adjacency, k)  # [n, k]
+    rows = u * adjacency.sum(1).rsqrt()[:, None]  # [n, k] D^(-1/2) U_k
+    return kmeans(rows, k, seed=seed)

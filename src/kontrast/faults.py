@@ -1,0 +1,66 @@
+"""Fault injection for the reliability tests: crashes, signals and NaNs at chosen steps.
+
+Read from the environment variable ``KONTRAST_FAULTS`` (unset in normal use, where every
+hook is a no-op), a comma-separated list of ``name=value``:
+
+* ``kill_after_step=N``: ``SIGKILL`` this process right after step N (before any checkpoint
+  of step N is written), like ``kill -9`` or a node dying.
+* ``signal_after_step=N`` with ``signal=TERM|INT``: send that signal to this process after step N.
+* ``kill_in_checkpoint=N``: ``SIGKILL`` while the checkpoint of step N is half written.
+* ``nan_at_step=N[+M...]``: make the loss of step(s) N (1-based) NaN.
+* ``trace=PATH``: append ``{"step", "epoch", "indices"}`` per step to PATH (JSON lines).
+
+The tests in ``tests/test_reliability*.py`` drive the CLI with these; docs/reliability.md
+lists them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+ENV_VAR = "KONTRAST_FAULTS"
+
+
+def parse(text: str | None = None) -> dict[str, str]:
+    text = os.environ.get(ENV_VAR, "") if text is None else text
+    out = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, _, value = item.partition("=")
+        out[key] = value
+    return out
+
+
+class Faults:
+    """The faults requested for this process (all no-ops when ``KONTRAST_FAULTS`` is unset)."""
+
+    def __init__(self, spec: dict[str, str] | None = None):
+        spec = parse() if spec is None else spec
+        self.enabled = bool(spec)
+        self.kill_after = int(spec.get("kill_after_step", -1))
+        self.signal_after = int(spec.get("signal_after_step", -1))
+        self.signal = signal.SIGINT if spec.get("signal", "TERM").upper() == "INT" else signal.SIGTERM
+        self.nan_steps = {int(s) for s in spec.get("nan_at_step", "").split("+") if s}
+        self.trace_path = spec.get("trace")
+
+    def poison(self, step: int, loss):
+        """``loss`` as NaN when step ``step`` (1-based) is one to poison."""
+        return loss * float("nan") if step in self.nan_steps else loss
+
+    def trace(self, step: int, epoch: int, indices) -> None:
+        if self.trace_path:
+            with open(self.trace_path, "a") as f:
+                f.write(json.dumps({"step": step, "epoch": epoch, "indices": indices.tolist()}) + "\n")
+
+    def after_step(self, step: int) -> None:
+        if step == self.kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if step == self.signal_after:
+            os.kill(os.getpid(), self.signal)
+
+
+def kill_in_checkpoint(step: int) -> None:
+    """Called halfway through writing checkpoint ``step``."""
+    if os.environ.get(ENV_VAR) and parse().get("kill_in_checkpoint") == str(step):
+        os.kill(os.getpid(), signal.SIGKILL)

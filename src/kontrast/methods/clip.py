@@ -1,0 +1,93 @@
+"""CLIP: contrastive image-text pre-training (Radford et al. 2021, https://arxiv.org/abs/2103.00020).
+
+augment: one random square crop -> image encoder -> linear projection; caption bytes ->
+small causal transformer (kontrast.encoders.text) -> linear projection; cosine scores
+times a learned logit scale (init 1/0.07, clamped at 100 after every step, as the paper)
+-> symmetric InfoNCE over the batch (figure 3). Captions arrive once through
+``bind_data``: a paired file's captions, or, for a labelled source without them, captions
+made from class names (the text is then the label: supervised, and the log says so).
+``kontrast eval`` adds zero-shot top-1 from class-name prompts (kontrast.evaluate.zeroshot).
+Defaults scaled down for CIFAR (embed 128, text width 128, 3 layers, context 64 bytes);
+optimizer as the paper: AdamW, betas (0.9, 0.98), decoupled weight decay 0.2, lr 5e-4, warm-up.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from kontrast.data.captions import captions_from_labels
+from kontrast.encoders.text import TextTransformer, tokenize
+from kontrast.errors import UserError
+from kontrast.losses.symmetric import symmetric_info_nce
+from kontrast.methods import METHODS
+from kontrast.methods.base import Method, embedding_std
+from kontrast.similarity import cosine
+
+
+@dataclass(frozen=True)
+class CLIPParams:
+    embed_dim: int = 128
+    init_temperature: float = 0.07
+    max_logit_scale: float = 100.0
+    context_length: int = 64  # bytes, with start and end tokens
+    text_width: int = 128
+    text_layers: int = 3
+    text_heads: int = 4
+    caption_seed: int = 0  # template choice when captions are made from labels
+
+
+@METHODS.register("clip")
+class CLIP(Method):
+    description = "CLIP: image and text encoders, symmetric InfoNCE over pairs (Radford et al. 2021)"
+    recipe = "clip"
+    Params = CLIPParams
+    defaults = {"optim": {"name": "adamw", "lr": 5e-4, "weight_decay": 0.2, "betas": [0.9, 0.98],
+                          "warmup_epochs": 1.0}}
+
+    def __init__(self, encoder, params: CLIPParams, num_samples: int = 0):
+        super().__init__(encoder, params, num_samples)
+        self.text = TextTransformer(params.context_length, params.text_width, params.text_layers, params.text_heads)
+        self.image_projection = nn.Linear(encoder.dim, params.embed_dim, bias=False)
+        self.text_projection = nn.Linear(params.text_width, params.embed_dim, bias=False)
+        self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / params.init_temperature)))
+        self.register_buffer("tokens", torch.zeros(0, params.context_length, dtype=torch.long), persistent=False)
+
+    def bind_data(self, data) -> str:
+        if data.captions is not None:
+            captions, note = data.captions, f"clip: {len(data.captions)} captions from {data.name}"
+        elif data.labels is not None and data.classes:
+            captions = captions_from_labels(data.labels, data.classes, self.params.caption_seed)
+            note = (f"clip: {data.name} has no captions; made them from its {len(data.classes)} class names "
+                    "in varied templates, so the text is the label (supervised)")
+        else:
+            raise UserError(f"clip needs captions and {data.name} has neither captions nor labels; pass a "
+                            "paired .jsonl/.csv (see `kontrast captions`) or a labelled source")
+        self.tokens = self.tokenize(captions)
+        return note
+
+    def tokenize(self, texts: list[str]) -> torch.Tensor:
+        return tokenize(texts, self.params.context_length).to(self.logit_scale.device)  # [N, L]
+
+    def encode_image(self, x: torch.Tensor) -> torch.Tensor:
+        return self.image_projection(self.encoder(x))  # [B, embed_dim]
+
+    def encode_text(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.text_projection(self.text(tokens))  # [B, embed_dim]
+
+    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        if indices is None or len(self.tokens) == 0:
+            raise UserError("clip trains on image-caption pairs: call bind_data(training set) and pass the batch's indices")
+        img = self.encode_image(views[0])  # [B, embed_dim]
+        txt = self.encode_text(self.tokens[indices])  # [B, embed_dim]
+        scale = self.logit_scale.exp()
+        scores = cosine(img, txt) * scale  # [B, B] image i vs caption j
+        loss = symmetric_info_nce(scores)
+        return {"loss": loss, "temperature": 1 / scale.detach(), "embedding_std": embedding_std(img)}
+
+    def after_step(self, progress: float) -> None:
+        with torch.no_grad():
+            self.logit_scale.clamp_(0.0, math.log(self.params.max_logit_scale))

@@ -1,0 +1,37 @@
+"""MoCo v1: momentum key encoder + queue, linear head (He et al. 2020, https://arxiv.org/abs/1911.05722).
+
+MoCo v2 (``moco_v2.py``) is MoCo v1 plus an MLP head, blur and tau 0.2; here the same
+composition runs with v1's choices: a linear 128-d head (``proj_hidden = 0``), tau 0.07,
+momentum 0.999, the asymmetric loss of Algorithm 1 (queries of view 1 vs keys of view 2) and
+the InstDisc-style views (crop 0.2-1, jitter 0.4 incl. hue, grayscale, no blur). Shuffling BN is
+emulated on one device by BN statistics over 8 groups (``encoders/batchnorm.py``).
+Queue 4096 instead of 65536 for CIFAR-10's 50k images (the authors' CIFAR-10 demo); SGD lr 0.03
+per 256 images, weight decay 1e-4 (paper, section 4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kontrast.methods import METHODS
+from kontrast.methods.moco_v2 import MoCoV2, MoCoV2Params
+
+
+@dataclass(frozen=True)
+class MoCoV1Params(MoCoV2Params):
+    temperature: float = 0.07
+    queue_size: int = 4096
+    momentum: float = 0.999
+    proj_hidden: int = 0  # linear head
+    proj_dim: int = 128
+    symmetric: bool = False
+    proj_bn: bool = False  # no hidden layer, so no BN in the head
+    bn_groups: int = 8
+
+
+@METHODS.register("moco_v1")
+class MoCoV1(MoCoV2):
+    description = "MoCo v1: momentum encoder, queue of negatives, linear head, tau 0.07 (He et al. 2020)"
+    recipe = "moco_v1"
+    Params = MoCoV1Params
+    defaults = {"optim": {"lr": 0.03, "weight_decay": 1e-4}}

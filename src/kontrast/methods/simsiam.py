@@ -1,0 +1,51 @@
+"""SimSiam: predictor + stop-gradient, no negatives, no momentum encoder.
+
+Chen & He 2021, "Exploring Simple Siamese Representation Learning", https://arxiv.org/abs/2011.10566.
+
+augment: MoCo v2's views (no blur at 32 px) -> encoder -> projector mlp(dim, 2048, 2048) with BN
+on every layer (the output BN affine-free) -> predictor mlp(2048, 512, 2048) (bottleneck) ->
+symmetric negative cosine ``D(p1, sg(z2)) / 2 + D(p2, sg(z1)) / 2`` (Algorithm 1).
+CIFAR defaults (paper, appendix D): 2-layer projector, output 2048, SGD lr 0.03 per 256 images,
+weight decay 5e-4. ``stop_gradient = False`` is the paper's ablation (figure 2): the outputs
+collapse to a constant, which ``embedding_std`` (their collapse monitor) shows falling to 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kontrast.extract import mlp
+from kontrast.losses import negative_cosine
+from kontrast.methods import METHODS
+from kontrast.methods.base import Method, embedding_std
+
+
+@dataclass(frozen=True)
+class SimSiamParams:
+    proj_hidden: int = 2048
+    proj_dim: int = 2048
+    pred_hidden: int = 512
+    stop_gradient: bool = True  # False: the collapse ablation
+
+
+@METHODS.register("simsiam")
+class SimSiam(Method):
+    description = "SimSiam: predictor + stop-gradient, symmetric negative cosine, no negatives (Chen & He 2021)"
+    recipe = "simsiam_cifar"
+    Params = SimSiamParams
+    defaults = {"optim": {"lr": 0.03, "weight_decay": 5e-4}}
+
+    def __init__(self, encoder, params: SimSiamParams, num_samples: int = 0):
+        super().__init__(encoder, params, num_samples)
+        self.projector = mlp([encoder.dim, params.proj_hidden, params.proj_dim], last_norm=True)
+        self.predictor = mlp([params.proj_dim, params.pred_hidden, params.proj_dim])
+
+    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        b = views[0].shape[0]
+        z = self.projector(self.encoder(torch.cat(views[:2])))  # [2B, proj_dim]
+        p = self.predictor(z)  # [2B, proj_dim]
+        t = z.detach() if self.params.stop_gradient else z  # [2B, proj_dim] targets
+        loss = (negative_cosine(p[:b], t[b:]) + negative_cosine(p[b:], t[:b])) / 2
+        return {"loss": loss, "embedding_std": embedding_std(z[:b])}

@@ -1,0 +1,90 @@
+"""SwAV: swapped prediction of online cluster codes (Caron et al. 2020, https://arxiv.org/abs/2006.09882).
+
+augment: multi-crop, 2 global + 4 small crops -> encoder (one pass per resolution)
+-> mlp(dim, 2048, 128) -> cosine with K learnable prototypes -> Sinkhorn-Knopp codes of the
+2 global crops (ε = 0.05, 3 iterations, no gradient) -> each code predicted from every other
+crop with softmax(scores / τ), τ = 0.1. Optional queue of past global-crop embeddings
+(for small batches) joins the Sinkhorn problem from epoch ``queue_start_epochs`` on; the
+prototypes get no gradient for the first ``freeze_prototypes_epochs`` epochs.
+CIFAR defaults from solo-learn's CIFAR recipe: 3000 prototypes, queue 3840 from epoch 50,
+prototypes frozen for 2 epochs, LARS lr 0.6 x batch/256, weight decay 1e-6, 10 warm-up epochs.
+Epoch-based switches count finished steps (a checkpointed buffer) against num_samples // batch;
+with num_samples unknown (0) they stay off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from kontrast.encoders.multicrop import encode_views
+from kontrast.extract import Prototypes, mlp
+from kontrast.losses import Queue
+from kontrast.losses.swav import sinkhorn, swapped_prediction
+from kontrast.methods import METHODS
+from kontrast.methods.base import Method, embedding_std
+
+
+@dataclass(frozen=True)
+class SwAVParams:
+    temperature: float = 0.1
+    num_prototypes: int = 3000
+    proj_hidden: int = 2048
+    proj_dim: int = 128
+    sinkhorn_epsilon: float = 0.05
+    sinkhorn_iterations: int = 3
+    queue_size: int = 3840  # per global crop; 0 = no queue
+    queue_start_epochs: float = 50.0
+    freeze_prototypes_epochs: float = 2.0
+    global_views: int = 2  # the first views of the recipe are the global crops (the codes' source)
+
+
+@METHODS.register("swav")
+class SwAV(Method):
+    description = "SwAV: swapped prediction of Sinkhorn cluster codes, multi-crop (Caron et al. 2020)"
+    recipe = "swav_multicrop"
+    Params = SwAVParams
+    defaults = {"optim": {"name": "lars", "lr": 0.6, "weight_decay": 1e-6, "warmup_epochs": 10.0}}
+
+    def __init__(self, encoder, params: SwAVParams, num_samples: int = 0):
+        super().__init__(encoder, params, num_samples)
+        self.projector = mlp([encoder.dim, params.proj_hidden, params.proj_dim])
+        self.prototypes = Prototypes(params.proj_dim, params.num_prototypes)
+        self.queues = nn.ModuleList(Queue(params.queue_size, params.proj_dim) for _ in range(params.global_views)
+                                    if params.queue_size > 0)
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))  # finished optimizer steps
+        self.register_buffer("queued", torch.zeros((), dtype=torch.long))  # rows pushed into each queue
+        self._keys: torch.Tensor | None = None
+
+    def _epochs_done(self, batch: int) -> float:
+        per_epoch = self.num_samples // batch
+        return int(self.steps) / per_epoch if per_epoch else 0.0
+
+    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        p, b, n_views = self.params, views[0].shape[0], len(views)
+        epochs = self._epochs_done(b)
+        z = F.normalize(self.projector(encode_views(self.encoder, views)), dim=1)  # [V*B, proj_dim]
+        frozen = self.num_samples > 0 and epochs < p.freeze_prototypes_epochs
+        scores = self.prototypes(z, frozen=frozen).view(n_views, b, -1)  # [V, B, K]
+        codes = []
+        for a in range(p.global_views):
+            s = scores[a].detach()  # [B, K]
+            if self.queues and int(self.queued) >= p.queue_size:  # a full queue joins the transport problem
+                s = torch.cat([s, self.prototypes(self.queues[a].items)])  # [B+Q, K]
+            codes.append(sinkhorn(s, p.sinkhorn_epsilon, p.sinkhorn_iterations)[:b])  # [B, K]
+        loss = swapped_prediction(scores, torch.stack(codes), p.temperature)
+        use_queue = self.queues and self.num_samples > 0 and epochs >= p.queue_start_epochs
+        self._keys = z[: p.global_views * b].detach().view(p.global_views, b, -1) if use_queue else None
+        return {"loss": loss, "embedding_std": embedding_std(z[:b]), "prototypes_frozen": torch.tensor(float(frozen))}
+
+    def after_step(self, progress: float) -> None:
+        self.prototypes.normalize_()
+        self.steps += 1
+        if self._keys is not None:
+            for queue, keys in zip(self.queues, self._keys):
+                queue.push(keys.float())
+            self.queued += self._keys.shape[1]
+            self._keys = None

@@ -1,0 +1,68 @@
+"""YADIM: "Yet Another DIM" (Falcon & Cho 2020, https://arxiv.org/abs/2009.00104, section 6).
+
+The framework's claim in code: a new method is a new choice in each of the five components,
+each taken from an existing method.
+
+1. augment: CPC's and AMDIM's pipelines merged (translation with reflection, colour jitter,
+   grayscale from both; AMDIM's random resized crop) -> the ``yadim`` recipe
+2. encoder: AMDIM's (the ``amdim`` encoder)
+3. extract: the last feature map only, through AMDIM's 1x1 head (``LocalProjection``)
+4. similarity: dot product (AMDIM's scaled, soft-clipped form)
+5. loss: NCE of one view's global feature against every location of the other view's last map
+   (AMDIM's ``global_local_nce``), both directions
+
+Optimizer and score settings are AMDIM's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kontrast.config import checked
+from kontrast.extract import LocalProjection
+from kontrast.losses import mi_bound, score_penalty
+from kontrast.losses.local import global_local_nce
+from kontrast.methods import METHODS
+from kontrast.methods.amdim import AMDIM_OPTIM
+from kontrast.methods.base import Method
+
+
+@dataclass(frozen=True)
+class YADIMParams:
+    n_rkhs: int = checked(1024, ge=1)
+    clip: float = checked(20.0, gt=0)
+    score_reg: float = checked(0.05, ge=0)
+
+
+@METHODS.register("yadim")
+class YADIM(Method):
+    description = "YADIM: CPC+AMDIM views, AMDIM encoder, last map, dot product, NCE (Falcon & Cho 2020)"
+    recipe = "yadim"
+    Params = YADIMParams
+    defaults = {"encoder": {"name": "amdim"}, "optim": AMDIM_OPTIM}
+
+    def __init__(self, encoder, params: YADIMParams, num_samples: int = 0):
+        super().__init__(encoder, params, num_samples)
+        last = encoder.map_dims[-1] if hasattr(encoder, "map_dims") else encoder.dim
+        self.head = LocalProjection(last, params.n_rkhs)
+
+    def _last_map(self, x: torch.Tensor) -> torch.Tensor:
+        if hasattr(self.encoder, "forward_maps"):
+            return self.encoder.forward_maps(x)[-1]  # [2B, C, h, w]
+        return self.encoder(x)[:, :, None, None]  # a vector encoder: a 1x1 map
+
+    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        p, b = self.params, views[0].shape[0]
+        f = self.head(self._last_map(torch.cat(views[:2])))  # [2B, R, h, w]
+        g = f.mean(dim=(2, 3))  # [2B, R]
+        losses, regs, bounds = [], [], []
+        for src, trg in ((slice(0, b), slice(b, 2 * b)), (slice(b, 2 * b), slice(0, b))):
+            loss, raw = global_local_nce(g[src], f[trg], p.clip)
+            losses.append(loss)
+            regs.append(score_penalty(raw))
+            bounds.append(mi_bound(loss, 1 + (b - 1) * f.shape[2] * f.shape[3]))
+        nce = torch.stack(losses).mean()
+        return {"loss": nce + p.score_reg * torch.stack(regs).mean(), "nce": nce.detach(),
+                "mi_bound": torch.stack(bounds).mean()}

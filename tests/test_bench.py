@@ -1,0 +1,88 @@
+"""``kontrast bench``: a fast smoke run of every section with tiny settings, and its JSON output."""
+
+import json
+import sys
+
+import pytest
+import torch
+
+from kontrast.augment import ViewSpec, get_recipe
+from kontrast.bench import BenchOptions, run_bench
+from kontrast.bench.augment import torchvision_pipeline
+from kontrast.cli import main
+from kontrast.errors import UserError
+
+TINY = ["--data", "shapes:96", "--batch", "16", "--threads", "1", "--width", "0.0625",
+        "--recipes", "simclr_cifar", "--methods", "simclr,moco_v2", "--aug-seconds", "0.05", "--step-iters", "1",
+        "--loss-batches", "8,16", "--steps", "2", "--settings", "fp32"]
+
+
+def test_bench_json_smoke(tmp_path, capsys):
+    """Every section runs and --json prints one parseable object holding each section's figures."""
+    assert main(["bench", *TINY, "--workdir", str(tmp_path), "--json"]) == 0
+    out, err = capsys.readouterr()
+    result = json.loads(out)
+    aug = result["augment"]["recipes"][0]
+    assert aug["recipe"] == "simclr_cifar" and aug["ours_img_per_s"] > 0 and aug["torchvision_img_per_s"] > 0
+    assert aug["command"].startswith("kontrast bench --sections augment")
+    steps = {r["method"]: r for r in result["step"]["methods"]}
+    assert set(steps) == {"simclr", "moco_v2"}
+    for r in steps.values():
+        assert r["step_s"] > 0 and 0 <= r["outside_encoder"] < 1 and r["encoder_calls"] >= 1
+        assert set(r["phases_s"]) == {"data_augment", "forward_loss", "backward", "guard", "optimizer", "after_step"}
+    assert steps["moco_v2"]["target_calls"] >= 1 and steps["simclr"]["target_calls"] == 0  # momentum encoder seen
+    assert [r["batch"] for r in result["loss"]["rows"]] == [8, 16]
+    train = result["train"]["settings"]["fp32"]["ours"]
+    assert train["steps"] == 2 and train["img_per_s"] > 0 and train["peak_rss_mib"] > 0
+    assert train["command"].startswith("kontrast train --method simclr")
+    assert "peer skipped" in err and result["train"]["peer_skipped"]  # no --peer-python: said, not failed
+    assert "outside_encoder_simclr" in result["targets"]
+
+
+def test_bench_prints_reproducing_commands(tmp_path, capsys):
+    assert main(["bench", *TINY, "--sections", "augment,loss", "--workdir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "reproduce: kontrast bench --sections augment" in out
+    assert "reproduce: kontrast bench --sections loss" in out
+    assert "simclr_cifar" in out
+
+
+def test_bench_bad_section_is_a_user_error(capsys):
+    assert main(["bench", "--sections", "nope"]) == 2
+    assert "unknown bench section" in capsys.readouterr().err
+
+
+def test_peer_is_run_when_given(tmp_path):
+    """A stand-in peer script (prints the peer's JSON line) exercises the side-by-side path and the ratio."""
+    peer = tmp_path / "peer.py"
+    peer.write_text("import json\nprint(json.dumps({'steps': 2, 'img_per_s_wall': 10.0, 'img_per_s_compute': 20.0}))\n")
+    data = tmp_path / "cifar"
+    (data / "train").mkdir(parents=True)
+    opts = BenchOptions(sections=("train",), data="shapes:96", batch=16, threads=1, width=0.0625, steps=2,
+                        settings=("fp32",), peer_python=sys.executable, peer_data=str(data),
+                        peer_script=str(peer), workdir=str(tmp_path / "w"), log=lambda *a: None)
+    res = run_bench(opts)["train"]["settings"]["fp32"]
+    assert res["peer"]["img_per_s"] == 10.0
+    assert res["ratio"] == round(res["ours"]["img_per_s"] / 10.0, 2)
+    assert str(peer) in res["peer"]["command"]
+
+
+def test_torchvision_pipeline_mirrors_the_spec():
+    """The PIL baseline gets the same ops as the recipe and returns a normalised float view."""
+    from torchvision.transforms import v2
+    from torchvision.transforms.v2 import functional as TF
+
+    spec = get_recipe("byol")[1]  # blur p 0.1, solarize p 0.2
+    pipe = torchvision_pipeline(spec)
+    kinds = [type(t).__name__ for t in pipe.transforms]
+    assert kinds[0] == "RandomResizedCrop" and "RandomSolarize" in kinds and kinds[-1] == "Normalize"
+    img = TF.to_pil_image(torch.randint(0, 256, (3, 32, 32), dtype=torch.uint8))
+    out = pipe(img)
+    assert out.shape == (3, 32, 32) and out.dtype == torch.float32
+    assert "RandomApply" not in [type(t).__name__ for t in torchvision_pipeline(ViewSpec(jitter_p=0.0, blur_p=0.0)).transforms]
+    assert isinstance(torchvision_pipeline(get_recipe("infomin")[0]).transforms[-4], v2.RandAugment)
+
+
+def test_bad_settings_are_user_errors():
+    with pytest.raises(UserError, match="fp32 or bf16_cl"):
+        run_bench(BenchOptions(sections=("loss",), settings=("fp16",), log=lambda *a: None))
