@@ -106,6 +106,7 @@ class TrainConfig:
     log_every: int = checked(10, ge=1)  # steps between metric lines
     knn_every: int = checked(0, ge=0)  # epochs between kNN monitors (0 = off)
     knn_max_train: int = checked(10000, ge=1)  # kNN monitor bank size cap (speed)
+    knn_max_test: int = checked(0, ge=0)  # kNN monitor: a fixed random subset of this many test images (0 = all)
     num_threads: int = checked(0, ge=0)  # torch intra-op threads (0 = torch default)
     checkpoint_every: int = checked(0, ge=0)  # steps between step checkpoints (0 = at epoch ends only)
     nonfinite: str = checked("stop", choices=("stop", "skip"))  # on a NaN/inf loss or gradient

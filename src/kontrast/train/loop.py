@@ -306,8 +306,9 @@ def fit(cfg: Config, run_dir: str | Path, *, resume: bool = False, overwrite: bo
 
     knn_sets = None
     if tc.knn_every and data.labels is not None:
-        knn_sets = (data, load_images(cfg.data.source, "test", size=cfg.data.size, cache_dir=cfg.data.cache_dir,
-                                      skip_bad_images=cfg.data.skip_bad_images))
+        test = load_images(cfg.data.source, "test", size=cfg.data.size, cache_dir=cfg.data.cache_dir,
+                           skip_bad_images=cfg.data.skip_bad_images)
+        knn_sets = (data, test.subset(tc.knn_max_test, seed=tc.seed))
 
     images = data.images.to(device)  # [N, 3, H, W] uint8, the whole dataset on the device
     log = MetricLog(run_dir, resume_step=start_step if resume else None)
