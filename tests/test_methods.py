@@ -87,7 +87,7 @@ def test_learning(name, tmp_path, shared_cifar_tar):
     """Loss falls and kNN top-1 on CIFAR-10's test split beats chance and the untrained encoder.
 
     4000 CIFAR-10 training images, 4-6 epochs, batch 128, ResNet-18 width 0.125, bf16: about a
-    minute on 2 cores. (The built-in shapes data needs far longer budgets to show learning.)
+    minute on 2 cores. The kNN monitor reads a fixed 2000-image subset of the test split.
     """
     if "xfail" in LEARNING[name]:
         pytest.xfail(LEARNING[name]["xfail"])  # a known gap, stated in LEARNING; not run (saves CI a minute)
