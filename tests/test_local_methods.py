@@ -331,7 +331,7 @@ def test_cpc_learns_on_sequences(tmp_path):
     """
     raw = {"method": {"name": "cpc", "steps": 6, "context_dim": 128}, "encoder": {"width": 0.125},
            "data": {"source": "sequences:2000"}, "optim": {"lr": 2e-3},
-           "train": {"epochs": 3, "batch_size": 32, "log_every": 10, "knn_every": 3}}
+           "train": {"epochs": 3, "batch_size": 32, "log_every": 10, "knn_every": 3, "num_threads": 1}}
     fit(resolve(raw), tmp_path / "run", progress=False)
     lines = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
     losses = [line["loss"] for line in lines if "loss" in line]

