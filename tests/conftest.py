@@ -15,3 +15,14 @@ def shared_cifar_tar() -> Path:
             pytest.fail(f"shared data missing under CI=true: {path}")
         pytest.skip(f"shared data not found: {path}")
     return path
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_threads():
+    """Every test starts with the process's thread count: a test that sets it (the bench CLI, a 1-thread
+    run) must not change the float summation order, and with it the trajectory, of the tests after it."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
