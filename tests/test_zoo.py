@@ -215,14 +215,16 @@ def _instdisc(num_samples=16, **params):
     return create_method(cfg, num_samples=num_samples)
 
 
-def test_instdisc_fixes_z_after_the_first_batch_and_updates_the_bank_after_the_step():
+def test_instdisc_updates_the_bank_after_the_step_and_keeps_z_once():
     torch.manual_seed(0)
-    method = _instdisc()
+    method = _instdisc(z_estimate="once")
     views = [torch.randn(4, 3, 32, 32)]
     idx = torch.tensor([3, 7, 0, 12])
     before = method.bank.items.clone()
     out = method.training_step(views, idx)
     assert torch.isfinite(out["loss"]) and torch.isfinite(method.log_z)
+    out["loss"].backward()
+    assert method.bank.items.grad is None and not method.bank.items.requires_grad  # no gradient to the bank
     assert torch.equal(method.bank.items, before)  # nothing changes before after_step
     log_z = method.log_z.clone()
     f = method._pending[1]
@@ -233,7 +235,26 @@ def test_instdisc_fixes_z_after_the_first_batch_and_updates_the_bank_after_the_s
     rest[idx] = False
     assert torch.equal(method.bank.items[rest], before[rest])
     method.training_step([torch.randn(4, 3, 32, 32)], torch.tensor([1, 2, 4, 5]))
-    assert torch.equal(method.log_z, log_z)  # Z stays fixed after its first estimate
+    assert torch.equal(method.log_z, log_z)  # "once": Z stays fixed after its first estimate
+
+
+def test_instdisc_step_loss_matches_formula_with_z_from_this_steps_noise():
+    """Default z_estimate="step": the loss is eqs. 5-7 with Z = n * mean exp over this step's B x m noise scores."""
+    torch.manual_seed(0)
+    method, n, tau = _instdisc(), 16, 0.1
+    for step, idx in enumerate([torch.tensor([3, 7, 0, 12]), torch.tensor([1, 2, 4, 5])]):
+        torch.manual_seed(10 + step)
+        out = method.training_step([torch.randn(4, 3, 32, 32)], idx)
+        torch.manual_seed(10 + step)
+        torch.randn(4, 3, 32, 32)
+        noise = method.bank.items[method.bank.sample(8)].double()  # the step's draw, replayed
+        f, v = method._pending[1].double(), method.bank.items[idx].double()
+        pos, neg = (f * v).sum(1) / tau, f @ noise.T / tau
+        z = n * neg.exp().mean().item()  # eq. 5 on this step's scores
+        assert method.log_z.item() == pytest.approx(math.log(z), abs=1e-5)
+        assert out["loss"].item() == pytest.approx(naive_nce(pos, neg, z, n), rel=1e-5)
+        assert out["pos_sim"].item() == pytest.approx((f * v).sum(1).mean().item(), abs=1e-6)
+        method.after_step(0.5)
 
 
 def test_instdisc_proximal_term_and_missing_indices():
@@ -368,15 +389,15 @@ def _simsiam_std_trace(stop_gradient: bool, steps: int = 200, dim: int = 64) -> 
 @pytest.mark.slow
 def test_simsiam_collapses_without_stop_gradient():
     """Without stop-gradient the outputs collapse (std of normalised z -> 0); with it the std stays near
-    1/sqrt(d). 200 steps of batch 32 at 16 px, d = 64 (1/sqrt(d) = 0.125); about 17 s on 2 idle cores.
-    Measured on shapes: with stop-gradient 0.093, without 0.030 over the last 10 steps."""
+    1/sqrt(d). 200 steps of batch 32 at 16 px, d = 64 (1/sqrt(d) = 0.125); about 20 s on 2 idle cores.
+    Measured on shapes (views through the network separately, as SimSiam's Algorithm 1), last 10 steps:
+    with stop-gradient 0.102 (2 threads) / 0.120 (1 thread), without 0.048 / 0.047."""
     d = 64
     with_sg = _simsiam_std_trace(True, dim=d)
     without = _simsiam_std_trace(False, dim=d)
     late_with, late_without = sum(with_sg[-10:]) / 10, sum(without[-10:]) / 10
     print("SimSiam embedding_std, last 10 steps: stop-grad", late_with, "no stop-grad", late_without)
     assert with_sg[0] == pytest.approx(d ** -0.5, rel=0.05)  # both start spread out
-    # measured 0.093 (0.74 / sqrt(d)) with stop-gradient and 0.030 (0.24 / sqrt(d)) without; at one thread the
-    # with-stop-gradient run gave 0.067: the trajectory depends on float summation order, so the test compares
-    assert late_with > 0.5 * d ** -0.5, with_sg
-    assert late_without < 0.5 * late_with, without
+    # the trajectory depends on float summation order (thread count), so the bounds leave room on both sides
+    assert late_without < 0.5 * d ** -0.5 < late_with, (with_sg, without)  # half of 1/sqrt(d) separates the runs
+    assert late_without < 0.6 * late_with, without

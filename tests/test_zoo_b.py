@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from PIL import Image
 
-from kontrast.augment import make_views
+from kontrast.augment import get_recipe, make_views
 from kontrast.cli import main
 from kontrast.data import ImageSet, load_images
 from kontrast.data.captions import TEMPLATES, captions_from_labels
@@ -75,6 +75,22 @@ def test_sinkhorn_is_shift_invariant_and_stable():
     torch.testing.assert_close(sinkhorn(scores + 7.0), sinkhorn(scores), atol=1e-6, rtol=1e-5)
     assert torch.isfinite(sinkhorn(scores + 50.0)).all()  # exp(1000) would overflow without the shift
     assert not sinkhorn(scores.requires_grad_()).requires_grad
+
+
+def test_sinkhorn_small_epsilon_stays_finite_in_float32():
+    """At ε = 0.01 a score gap of 1.6 is exp(-160), below float32's smallest number: exp(s / ε) of the plain
+    algorithm underflows to 0 and a row or column divides by 0. The log-domain codes stay the paper's."""
+    g = torch.Generator().manual_seed(4)
+    scores = F.normalize(torch.randn(6, 5, generator=g), dim=1)  # [B, K] cosines
+    scores[0] = -scores[1]  # sample 0 is far from every prototype sample 1 is close to
+    assert (torch.exp((scores - scores.max()) / 0.01) == 0).any()  # what the plain algorithm would start from
+    for iterations in (1, 3):
+        q = sinkhorn(scores, 0.01, iterations)
+        assert q.dtype == torch.float32 and torch.isfinite(q).all()
+        torch.testing.assert_close(q.double(), _sinkhorn_reference(scores.double(), 0.01, iterations), atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(q.sum(dim=1), torch.ones(6), atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="at least one iteration"):
+        sinkhorn(scores, 0.05, 0)
 
 
 def _swapped_reference(scores, codes, temperature):
@@ -173,17 +189,71 @@ def test_queue_fills_from_its_start_epoch_and_then_joins_sinkhorn():
     assert not torch.allclose(expected, alone, atol=1e-4)
 
 
+def test_swav_codes_come_from_float32_scores_outside_autocast(monkeypatch):
+    """Under bf16 autocast the prototype scores, the Sinkhorn input and the loss stay float32."""
+    import kontrast.methods.swav as swav_module
+
+    seen = []
+
+    def spy(scores, epsilon, iterations):
+        seen.append((scores.clone(), torch.is_autocast_enabled("cpu")))
+        return sinkhorn(scores, epsilon, iterations)
+
+    monkeypatch.setattr(swav_module, "sinkhorn", spy)
+    _, method = _swav(queue_size=0)
+    views = [torch.randn(8, 3, 32, 32) for _ in range(2)] + [torch.randn(8, 3, 16, 16)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = method.training_step(views, torch.arange(8))
+        z = F.normalize(method.projector(encode_views(method.encoder, views)), dim=1)[:8]  # [B, D] the same forward
+        bf16_scores = method.prototypes(z)  # [B, K] what autocast alone would give
+    assert [(t.dtype, on) for t, on in seen] == [(torch.float32, False)] * 2 and out["loss"].dtype == torch.float32
+    assert z.dtype == bf16_scores.dtype == torch.bfloat16
+    w = method.prototypes.weight.detach()  # [K, D]
+    torch.testing.assert_close(seen[0][0], F.normalize(z.detach().float(), dim=1) @ w.T, atol=1e-6, rtol=0)
+    assert (seen[0][0] - bf16_scores.float()).abs().max() > 1e-4  # so the check above tells the two apart
+
+
+def test_swav_checks_its_params_and_views():
+    with pytest.raises(UserError, match="sinkhorn_iterations"):
+        _swav(sinkhorn_iterations=0)
+    with pytest.raises(UserError, match="sinkhorn_epsilon"):
+        _swav(sinkhorn_epsilon=0.0)
+    _, method = _swav(global_views=3)
+    with pytest.raises(UserError, match="global_views"):
+        method.training_step([torch.randn(8, 3, 32, 32) for _ in range(2)], torch.arange(8))
+
+
+def test_swav_global_recipe_is_the_two_global_crops():
+    multi, two = get_recipe("swav_multicrop"), get_recipe("swav_global")
+    assert two == multi[:2] and len(multi) == 6
+    cfg = resolve({"method": {"name": "swav", "num_prototypes": 12, "proj_hidden": 32, "proj_dim": 8},
+                   "augment": {"recipe": "swav_global"}, **TINY})
+    method = create_method(cfg, num_samples=16)
+    views = make_views(torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8), view_specs(cfg, method),
+                       torch.Generator().manual_seed(0))
+    assert [v.shape[-1] for v in views] == [32, 32]
+    out = method.training_step(views, torch.arange(8))  # each global crop predicts the other's code
+    assert torch.isfinite(out["loss"])
+
+
 # --------------------------------------------------------------------------- InfoMin
 
 
 def test_infomin_is_moco_v2_with_the_infomin_views():
+    """PyContrast's InfoMin preset: the MoCo v2 composition, tau 0.15, crop from 20% (MoCo queue), RandAugment."""
+    from dataclasses import fields
+
     from kontrast.methods.moco_v2 import MoCoV2
 
     cfg = resolve({"method": {"name": "infomin"}, **TINY})
     method = create_method(cfg)
-    assert isinstance(method, MoCoV2) and method.Params is MoCoV2.Params
+    assert isinstance(method, MoCoV2) and issubclass(method.Params, MoCoV2.Params)
+    changed = {f.name for f in fields(method.Params) if f.default != getattr(MoCoV2.Params(), f.name)}
+    assert changed == {"temperature"} and method.params.temperature == 0.15
     specs = view_specs(cfg, method)
-    assert len(specs) == 2 and all(s.randaugment_n == 2 and s.crop_scale == (0.08, 1.0) for s in specs)
+    assert len(specs) == 2 and all(s.randaugment_n == 2 and s.crop_scale == (0.2, 1.0) for s in specs)
+    with pytest.raises(UserError, match="temperature"):
+        resolve({"method": {"name": "infomin", "temperature": 0.0}, **TINY})
 
 
 # --------------------------------------------------------------------------- CLIP

@@ -106,10 +106,12 @@ _SWAV_GLOBAL = ViewSpec(crop_scale=(0.14, 1.0), jitter=(0.8, 0.8, 0.8, 0.2))
 _SWAV_SMALL = ViewSpec(size=16, size_factor=0.5, crop_scale=(0.05, 0.14), jitter=(0.8, 0.8, 0.8, 0.2))
 
 # InfoMin Aug, Tian et al. 2020, https://arxiv.org/abs/2005.10243, as in the authors' PyContrast
-# (aug "D"): crop from 8% of the area, jitter (0.8, 0.8, 0.8, 0.2) p 0.8, blur p 0.5, RandAugment
-# n=2 m=10 mstd=0.5 (each op p 0.5), grayscale p 0.2. Here grayscale runs before blur and
-# RandAugment (kontrast's fixed op order); every RandAugment op keeps a grey image grey.
-_INFOMIN = ViewSpec(crop_scale=(0.08, 1.0), jitter=(0.8, 0.8, 0.8, 0.2), blur_p=0.5, randaugment_n=2)
+# (aug "D"): crop, jitter (0.8, 0.8, 0.8, 0.2) p 0.8, blur p 0.5, RandAugment n=2 m=10 mstd=0.5
+# (each op p 0.5), grayscale p 0.2. The crop starts at 20% of the area: PyContrast's
+# build_transforms uses 0.08 with a memory bank and 0.2 with the MoCo queue ("moco cache likes
+# 0.2"), and its InfoMin preset is a MoCo queue. Here grayscale runs before blur and RandAugment
+# (kontrast's fixed op order); every RandAugment op keeps a grey image grey.
+_INFOMIN = ViewSpec(crop_scale=(0.2, 1.0), jitter=(0.8, 0.8, 0.8, 0.2), blur_p=0.5, randaugment_n=2)
 
 # CLIP, Radford et al. 2021, https://arxiv.org/abs/2103.00020, section 2.5: "a random square crop
 # from resized images is the only data augmentation"; scale 0.9-1 as open_clip's RandomResizedCrop.
@@ -117,6 +119,7 @@ _CLIP = ViewSpec(crop_scale=(0.9, 1.0), crop_ratio=(1.0, 1.0), flip_p=0.0, jitte
 
 RECIPES: dict[str, tuple[ViewSpec, ...]] = {
     "swav_multicrop": (_SWAV_GLOBAL, _SWAV_GLOBAL, *[_SWAV_SMALL] * 4),
+    "swav_global": (_SWAV_GLOBAL, _SWAV_GLOBAL),  # the 2 global crops alone: the paper's no-multi-crop baseline
     "infomin": (_INFOMIN, _INFOMIN),
     "clip": (_CLIP,),
     "moco_v1": (_MOCO_V1, _MOCO_V1),

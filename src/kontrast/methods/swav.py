@@ -10,6 +10,12 @@ CIFAR defaults from solo-learn's CIFAR recipe: 3000 prototypes, queue 3840 from 
 prototypes frozen for 2 epochs, LARS lr 0.6 x batch/256, weight decay 1e-6, 10 warm-up epochs.
 Epoch-based switches count finished steps (a checkpointed buffer) against num_samples // batch;
 with num_samples unknown (0) they stay off.
+
+Numerics (docs/methods.md, "SwAV"): prototype scores, codes and the loss are computed in float32
+outside autocast, and Sinkhorn-Knopp runs in the log domain (the same codes, no underflow at small ε).
+Short runs: with ε = 0.05 the codes of a barely trained encoder are near uniform and the model settles
+at loss log K (uniform predictions; the paper, section 3.1, warns of this for high ε). ε = 0.01,
+100 prototypes, the 2 global crops alone (recipe ``swav_global``) and SGD learn in 124 steps.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from kontrast.config import checked
 from kontrast.encoders.multicrop import encode_views
+from kontrast.errors import UserError
 from kontrast.extract import Prototypes, mlp
 from kontrast.losses import Queue
 from kontrast.losses.swav import sinkhorn, swapped_prediction
@@ -30,16 +38,16 @@ from kontrast.methods.base import Method, embedding_std
 
 @dataclass(frozen=True)
 class SwAVParams:
-    temperature: float = 0.1
-    num_prototypes: int = 3000
-    proj_hidden: int = 2048
-    proj_dim: int = 128
-    sinkhorn_epsilon: float = 0.05
-    sinkhorn_iterations: int = 3
-    queue_size: int = 3840  # per global crop; 0 = no queue
-    queue_start_epochs: float = 50.0
-    freeze_prototypes_epochs: float = 2.0
-    global_views: int = 2  # the first views of the recipe are the global crops (the codes' source)
+    temperature: float = checked(0.1, gt=0)
+    num_prototypes: int = checked(3000, ge=1)
+    proj_hidden: int = checked(2048, ge=1)
+    proj_dim: int = checked(128, ge=1)
+    sinkhorn_epsilon: float = checked(0.05, gt=0)
+    sinkhorn_iterations: int = checked(3, ge=1)
+    queue_size: int = checked(3840, ge=0)  # per global crop; 0 = no queue
+    queue_start_epochs: float = checked(50.0, ge=0)
+    freeze_prototypes_epochs: float = checked(2.0, ge=0)
+    global_views: int = checked(2, ge=1)  # the first views of the recipe are the global crops (the codes' source)
 
 
 @METHODS.register("swav")
@@ -65,16 +73,20 @@ class SwAV(Method):
 
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         p, b, n_views = self.params, views[0].shape[0], len(views)
+        if n_views < 2 or p.global_views > n_views:
+            raise UserError(f"swav needs at least 2 views and method.global_views={p.global_views} of them; the "
+                            f"recipe gives {n_views} (use augment.recipe swav_multicrop or swav_global)")
         epochs = self._epochs_done(b)
         z = F.normalize(self.projector(encode_views(self.encoder, views)), dim=1)  # [V*B, proj_dim]
         frozen = self.num_samples > 0 and epochs < p.freeze_prototypes_epochs
-        scores = self.prototypes(z, frozen=frozen).view(n_views, b, -1)  # [V, B, K]
-        codes = []
-        for a in range(p.global_views):
-            s = scores[a].detach()  # [B, K]
-            if self.queues and int(self.queued) >= p.queue_size:  # a full queue joins the transport problem
-                s = torch.cat([s, self.prototypes(self.queues[a].items)])  # [B+Q, K]
-            codes.append(sinkhorn(s, p.sinkhorn_epsilon, p.sinkhorn_iterations)[:b])  # [B, K]
+        with torch.autocast(z.device.type, enabled=False):  # scores and codes in float32 (exp(s / ε) is sensitive)
+            scores = self.prototypes(z.float(), frozen=frozen).view(n_views, b, -1)  # [V, B, K]
+            codes = []
+            for a in range(p.global_views):
+                s = scores[a].detach()  # [B, K]
+                if self.queues and int(self.queued) >= p.queue_size:  # a full queue joins the transport problem
+                    s = torch.cat([s, self.prototypes(self.queues[a].items)])  # [B+Q, K]
+                codes.append(sinkhorn(s, p.sinkhorn_epsilon, p.sinkhorn_iterations)[:b])  # [B, K]
         loss = swapped_prediction(scores, torch.stack(codes), p.temperature)
         use_queue = self.queues and self.num_samples > 0 and epochs >= p.queue_start_epochs
         self._keys = z[: p.global_views * b].detach().view(p.global_views, b, -1) if use_queue else None

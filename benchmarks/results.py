@@ -1,0 +1,142 @@
+"""The docs/results.md table: every method on CIFAR-10 with the same short budget, one row each.
+
+Each method trains through the CLI (`kontrast train`, the exact command is printed in its row) with
+the settings of benchmarks/short_budget.yaml, then `kontrast eval` scores the encoder on the full
+split (weighted kNN k=200 and a linear probe on 50k/10k). Beside it: kNN of the same encoder
+before training (same seed, same initialisation) and of raw pixels.
+
+    .venv/bin/python benchmarks/results.py --data ../shared/data/cifar10-jpeg.tar.gz [--methods simclr,byol]
+
+Rows are appended to benchmarks/results/table.jsonl as they finish (a rerun skips methods already
+there; --fresh starts over); the markdown table is printed at the end. Wall time depends on what
+else runs on the machine; CPU seconds (user + system of the training process) much less so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from kontrast.data import load_images
+from kontrast.evaluate.protocol import evaluate_encoder, evaluate_raw_pixels
+from kontrast.methods import METHODS
+from kontrast.methods.build import create_method, resolve, view_specs
+
+ROOT = Path(__file__).resolve().parents[1]
+BUDGET = yaml.safe_load((ROOT / "benchmarks/short_budget.yaml").read_text())
+
+
+def overrides(entry: dict) -> list[str]:
+    """`--set` flags for one short_budget.yaml entry (its `test:` keys are the learning test's own)."""
+    flags = []
+    for section in ("method", "encoder", "optim", "augment"):
+        for key, value in entry.get(section, {}).items():
+            flags += ["--set", f"{section}.{key}={value}"]
+    return flags
+
+
+def train_command(name: str, args) -> list[str]:
+    return [str(ROOT / ".venv/bin/kontrast"), "train", "--method", name, "--data", args.data,
+            "--epochs", str(args.epochs), "--batch-size", str(args.batch_size), "--precision", "bf16",
+            "--out", str(args.runs / name), "--overwrite", "--no-progress",
+            "--set", f"encoder.width={args.width}", "--set", f"data.limit={args.limit}",
+            "--set", f"train.num_threads={args.threads}", *overrides(BUDGET[name])]
+
+
+def run_timed(cmd: list[str]) -> tuple[str, float, float]:
+    """stdout, wall seconds and CPU seconds (user + system) of one child process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        sys.exit(f"failed ({done.returncode}): {shlex.join(cmd)}\n{done.stderr[-2000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return done.stdout, wall, cpu
+
+
+def untrained_knn(name: str, args, splits, cache: dict) -> float:
+    """kNN top-1 of the encoder the run starts from (fit seeds torch with train.seed before building it)."""
+    entry = BUDGET[name]
+    raw = {"method": {"name": name, **entry.get("method", {})}, "augment": entry.get("augment", {}),
+           "encoder": {"width": args.width, **entry.get("encoder", {})}, "data": {"limit": args.limit}}
+    cfg = resolve(raw)
+    torch.manual_seed(cfg.train.seed)
+    method = create_method(cfg, num_samples=args.limit)
+    key = tuple(round(float(p.detach().double().sum()), 6) for p in method.encoder.parameters())
+    if key not in cache:
+        spec = view_specs(cfg, method)[0]
+        cache[key] = evaluate_encoder(method.encoder, *splits, cfg.eval, mean=spec.mean, std=spec.std,
+                                      precision="bf16", linear=False)["knn_top1"]
+    return cache[key]
+
+
+def markdown(rows: list[dict], raw_pixels: dict) -> str:
+    out = ["| method | kNN untrained | **kNN top-1** | linear top-1 | train wall (s) | train CPU (s) | images/s |",
+           "|---|---|---|---|---|---|---|",
+           f"| raw pixels | – | {raw_pixels['knn_top1']:.4f} | {raw_pixels['linear_top1']:.4f} | – | – | – |"]
+    for r in rows:
+        out.append(f"| `{r['method']}` | {r['knn_untrained']:.4f} | **{r['knn_top1']:.4f}** | {r['linear_top1']:.4f} "
+                   f"| {r['train_wall_s']:.0f} | {r['train_cpu_s']:.0f} | {r['img_per_s']:.0f} |")
+    out.append("")
+    out += [f"    {r['command']}" for r in rows]
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default=str(ROOT.parent / "shared/data/cifar10-jpeg.tar.gz"))
+    parser.add_argument("--methods", default=",".join(n for n in METHODS.names() if n in BUDGET))
+    parser.add_argument("--limit", type=int, default=8000, help="random training images (data.limit)")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--width", type=float, default=0.125)
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--runs", type=Path, default=ROOT / "runs/results")
+    parser.add_argument("--table", type=Path, default=ROOT / "benchmarks/results/table.jsonl")
+    parser.add_argument("--fresh", action="store_true", help="forget rows already in --table")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    args.table.parent.mkdir(parents=True, exist_ok=True)
+    if args.fresh:
+        args.table.unlink(missing_ok=True)
+    done = {json.loads(line)["method"]: json.loads(line) for line in args.table.read_text().splitlines()} \
+        if args.table.exists() else {}
+    splits = load_images(args.data, "train"), load_images(args.data, "test")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    cache: dict = {}
+    for name in args.methods.split(","):
+        if name in done:
+            continue
+        cmd = train_command(name, args)
+        print(f"{name}: {shlex.join(cmd)}", flush=True)
+        summary, wall, cpu = run_timed(cmd)
+        summary = json.loads(summary.strip().splitlines()[-1])
+        scores, _, _ = run_timed([str(ROOT / ".venv/bin/kontrast"), "eval", "--checkpoint", str(args.runs / name), "--json"])
+        scores = json.loads(scores)
+        row = {"method": name, "knn_untrained": untrained_knn(name, args, splits, cache),
+               "knn_top1": scores["knn_top1"], "linear_top1": scores["linear_top1"],
+               **{k: scores[k] for k in ("zeroshot_top1",) if k in scores},  # CLIP: class-name prompts
+               "train_wall_s": wall, "train_cpu_s": cpu, "img_per_s": summary["img_per_s"], "commit": commit,
+               "command": shlex.join(["kontrast", *cmd[1:]]).replace(str(args.runs), "runs/results")}
+        print(json.dumps(row), flush=True)
+        with args.table.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        done[name] = row
+    raw_pixels = evaluate_raw_pixels(*splits, resolve({}).eval)
+    print(markdown([done[n] for n in args.methods.split(",") if n in done], raw_pixels))
+
+
+if __name__ == "__main__":
+    main()
