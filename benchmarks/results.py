@@ -8,8 +8,9 @@ before training (same seed, same initialisation) and of raw pixels.
     .venv/bin/python benchmarks/results.py --data ../shared/data/cifar10-jpeg.tar.gz [--methods simclr,byol]
 
 Rows are appended to benchmarks/results/table.jsonl as they finish (a rerun skips methods already
-there; --fresh starts over); the markdown table is printed at the end. Wall time depends on what
-else runs on the machine; CPU seconds (user + system of the training process) much less so.
+there; --fresh starts over); the markdown table is printed at the end (--report: print it only).
+Wall time depends on what else runs on the machine; CPU seconds (user + system of the training
+process) much less so.
 """
 
 from __future__ import annotations
@@ -106,6 +107,7 @@ def main() -> None:
     parser.add_argument("--runs", type=Path, default=ROOT / "runs/results")
     parser.add_argument("--table", type=Path, default=ROOT / "benchmarks/results/table.jsonl")
     parser.add_argument("--fresh", action="store_true", help="forget rows already in --table")
+    parser.add_argument("--report", action="store_true", help="only print the table of the rows already measured")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     args.table.parent.mkdir(parents=True, exist_ok=True)
@@ -117,7 +119,7 @@ def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     cache: dict = {}
     for name in args.methods.split(","):
-        if name in done:
+        if name in done or args.report:
             continue
         cmd = train_command(name, args)
         print(f"{name}: {shlex.join(cmd)}", flush=True)
