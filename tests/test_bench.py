@@ -39,6 +39,18 @@ def test_bench_json_smoke(tmp_path, capsys):
     assert "outside_encoder_simclr" in result["targets"]
 
 
+def test_step_breakdown_of_feature_map_methods(capsys):
+    """amdim and cpc_v2 call the encoder's feature maps (not its forward), which the replay cannot see:
+    their phases are measured and the encoder share is reported as not replayed, not a crash."""
+    args = ["bench", *TINY, "--sections", "step", "--json"]
+    args[args.index("simclr,moco_v2")] = "amdim,cpc_v2"
+    assert main(args) == 0
+    rows = json.loads(capsys.readouterr().out)["step"]["methods"]
+    assert [r["method"] for r in rows] == ["amdim", "cpc_v2"]
+    for r in rows:
+        assert r["step_s"] > 0 and r["encoder_calls"] == 0 and "outside_encoder" not in r
+
+
 def test_bench_prints_reproducing_commands(tmp_path, capsys):
     assert main(["bench", *TINY, "--sections", "augment,loss", "--workdir", str(tmp_path)]) == 0
     out = capsys.readouterr().out

@@ -31,6 +31,11 @@ DEFAULT_DATA = "../shared/data/cifar10-jpeg.tar.gz"
 DEFAULT_PEER_SCRIPT = "../shared/bench/lightly_simclr.py"
 TARGETS = {"train_vs_peer_fp32": 3.0, "train_vs_peer_best": 1.7, "augment_vs_torchvision": 8.0,
            "outside_encoder": {"simclr": 0.10, "moco_v2": 0.15, "byol": 0.15}}
+FULL_WIDTH_VS_PEER_BEST = 1.1  # issue 7: at full width the encoder dominates, so the target vs the peer's best is lower
+
+
+def _train_target(name: str, width: float) -> float:
+    return FULL_WIDTH_VS_PEER_BEST if name == "train_vs_peer_best" and width >= 1 else TARGETS[name]
 
 
 @dataclass
@@ -152,9 +157,10 @@ def section_step(opts: BenchOptions, data) -> dict:
             continue
         r["command"] = command
         rows.append(r)
+        share = (f" {1e3 * r['encoder_fwd_bwd_s']:8.1f} {1e3 * r['target_fwd_s']:8.1f} {100 * r['outside_encoder']:7.1f}%"
+                 if "outside_encoder" in r else "   (feature maps: encoder share not replayed)")
         opts.log(f"{name:15s} " + " ".join(f"{1e3 * r['phases_s'][p]:8.1f}" for p in PHASES)
-                 + f" {1e3 * r['step_s']:8.1f} {1e3 * r['encoder_fwd_bwd_s']:8.1f} {1e3 * r['target_fwd_s']:8.1f}"
-                 + f" {100 * r['outside_encoder']:7.1f}%")
+                 + f" {1e3 * r['step_s']:8.1f}" + share)
     opts.log(f"  reproduce: {_command(opts, 'step', step_setting=opts.step_setting)}")
     return {"setting": opts.step_setting, "threads": _threads(opts), "batch": opts.batch, "methods": rows}
 
@@ -259,7 +265,7 @@ def section_train(opts: BenchOptions) -> dict:
         result["ours_best_vs_peer_best"] = round(best / max(got[s]["peer"]["img_per_s"] for s in got), 2)
         opts.log(f"ours at its best vs the peer's default (fp32): {result['ours_best_vs_peer_fp32']:.2f}x "
                  f"(target {TARGETS['train_vs_peer_fp32']}x); vs the peer's best: {result['ours_best_vs_peer_best']:.2f}x "
-                 f"(target {TARGETS['train_vs_peer_best']}x)")
+                 f"(target {_train_target('train_vs_peer_best', opts.width)}x)")
     opts.log(f"  reproduce: {_command(opts, 'train', steps=opts.steps)}"
              + (f" --peer-python {opts.peer_python} --peer-data {opts.peer_data}" if not why_not else ""))
     return result
@@ -333,14 +339,14 @@ def run_bench(opts: BenchOptions) -> dict:
         result["train"] = section_train(opts)
     if opts.accuracy:
         result["accuracy"] = section_accuracy(opts)
-    result["targets"] = _targets(result)
+    result["targets"] = _targets(result, opts.width)
     for name, verdict in result["targets"].items():
         opts.log(f"target {name}: {verdict}")
     result["bench_wall_s"] = round(time.perf_counter() - t0, 1)
     return result
 
 
-def _targets(result: dict) -> dict:
+def _targets(result: dict, width: float) -> dict:
     """Issue 7's targets, as met / not met / not measured, from the figures measured in this sitting."""
     out: dict = {}
     if "augment" in result:
@@ -359,8 +365,8 @@ def _targets(result: dict) -> dict:
     if "ours_best_vs_peer_fp32" in train:
         for key, target in (("ours_best_vs_peer_fp32", "train_vs_peer_fp32"),
                             ("ours_best_vs_peer_best", "train_vs_peer_best")):
-            ok = train[key] >= TARGETS[target]
-            out[key] = f"{'met' if ok else 'NOT met'}: {train[key]}x (target {TARGETS[target]}x)"
+            want = _train_target(target, width)
+            out[key] = f"{'met' if train[key] >= want else 'NOT met'}: {train[key]}x (target {want}x)"
     return out
 
 
