@@ -218,9 +218,10 @@ def test_swav_checks_its_params_and_views():
         _swav(sinkhorn_iterations=0)
     with pytest.raises(UserError, match="sinkhorn_epsilon"):
         _swav(sinkhorn_epsilon=0.0)
-    _, method = _swav(global_views=3)
-    with pytest.raises(UserError, match="global_views"):
-        method.training_step([torch.randn(8, 3, 32, 32) for _ in range(2)], torch.arange(8))
+    with pytest.raises(UserError, match="global_views"):  # checked with the config, before any training
+        resolve({"method": {"name": "swav", "global_views": 3}, "augment": {"recipe": "swav_global"}, **TINY})
+    with pytest.raises(UserError, match="at least 2 views"):
+        resolve({"method": {"name": "swav"}, "augment": {"recipe": "clip"}, **TINY})
 
 
 def test_swav_global_recipe_is_the_two_global_crops():

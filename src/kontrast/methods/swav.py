@@ -49,6 +49,15 @@ class SwAVParams:
     freeze_prototypes_epochs: float = checked(2.0, ge=0)
     global_views: int = checked(2, ge=1)  # the first views of the recipe are the global crops (the codes' source)
 
+    def validate(self, cfg) -> None:
+        """The recipe must give at least 2 views, the first ``global_views`` of them global crops."""
+        from kontrast.augment import get_recipe
+
+        n_views = len(get_recipe(cfg.augment.recipe or SwAV.recipe))
+        if n_views < 2 or self.global_views > n_views:
+            raise UserError(f"swav needs at least 2 views and method.global_views={self.global_views} of them; the "
+                            f"recipe gives {n_views} (use augment.recipe swav_multicrop or swav_global)")
+
 
 @METHODS.register("swav")
 class SwAV(Method):
@@ -73,9 +82,6 @@ class SwAV(Method):
 
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         p, b, n_views = self.params, views[0].shape[0], len(views)
-        if n_views < 2 or p.global_views > n_views:
-            raise UserError(f"swav needs at least 2 views and method.global_views={p.global_views} of them; the "
-                            f"recipe gives {n_views} (use augment.recipe swav_multicrop or swav_global)")
         epochs = self._epochs_done(b)
         z = F.normalize(self.projector(encode_views(self.encoder, views)), dim=1)  # [V*B, proj_dim]
         frozen = self.num_samples > 0 and epochs < p.freeze_prototypes_epochs
