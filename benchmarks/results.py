@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from kontrast.config import merge
 from kontrast.data import load_images
 from kontrast.evaluate.protocol import evaluate_encoder, evaluate_raw_pixels
 from kontrast.methods import METHODS
@@ -37,13 +38,19 @@ ROOT = Path(__file__).resolve().parents[1]
 BUDGET = yaml.safe_load((ROOT / "benchmarks/short_budget.yaml").read_text())
 
 
+SECTIONS = ("method", "encoder", "optim", "augment")  # a short_budget.yaml entry's config overlay (`test:` is the test's own)
+
+
 def overrides(entry: dict) -> list[str]:
-    """`--set` flags for one short_budget.yaml entry (its `test:` keys are the learning test's own)."""
-    flags = []
-    for section in ("method", "encoder", "optim", "augment"):
-        for key, value in entry.get(section, {}).items():
-            flags += ["--set", f"{section}.{key}={value}"]
-    return flags
+    """`--set` flags for one short_budget.yaml entry."""
+    return [flag for section in SECTIONS for key, value in entry.get(section, {}).items()
+            for flag in ("--set", f"{section}.{key}={value}")]
+
+
+def run_config(name: str, args):
+    """The config `train_command` runs, resolved in-process (for the untrained encoder it starts from)."""
+    base = {"method": {"name": name}, "encoder": {"width": args.width}, "data": {"limit": args.limit}}
+    return resolve(merge(base, {s: BUDGET[name][s] for s in SECTIONS if s in BUDGET[name]}))
 
 
 def train_command(name: str, args) -> list[str]:
@@ -69,10 +76,7 @@ def run_timed(cmd: list[str]) -> tuple[str, float, float]:
 
 def untrained_knn(name: str, args, splits, cache: dict) -> float:
     """kNN top-1 of the encoder the run starts from (fit seeds torch with train.seed before building it)."""
-    entry = BUDGET[name]
-    raw = {"method": {"name": name, **entry.get("method", {})}, "augment": entry.get("augment", {}),
-           "encoder": {"width": args.width, **entry.get("encoder", {})}, "data": {"limit": args.limit}}
-    cfg = resolve(raw)
+    cfg = run_config(name, args)
     torch.manual_seed(cfg.train.seed)
     method = create_method(cfg, num_samples=args.limit)
     key = tuple(round(float(p.detach().double().sum()), 6) for p in method.encoder.parameters())
