@@ -326,7 +326,7 @@ def test_collapse_warning_reaches_log_and_stderr(tmp_path, capsys, monkeypatch):
 def test_simsiam_without_stop_gradient_is_flagged_within_four_epochs(tmp_path, capsys, monkeypatch):
     """SimSiam's ablation (Chen & He 2021, figure 2) through the CLI: without stop-gradient the std of
     L2-normalised projections falls from 1/sqrt(d) = 0.125 (d = 64) below half of that, and the run
-    says so within its 4 epochs (160 steps; measured: below 0.0625 from step ~22, flagged at step 144)."""
+    says so within its 4 epochs (160 steps; measured: below 0.0625 from step ~26, flagged at step 128)."""
     out = tmp_path / "run"
     args = ["train", "--method", "simsiam", "--data", "shapes:1280", "--epochs", "4", "--batch-size", "32",
             "--out", str(out), "--no-progress", "--set", "encoder.width=0.125", "--set", "data.size=16",

@@ -24,13 +24,21 @@ def test_queue_is_fifo_and_wraps():
     assert sorted(q.items[:, 0].tolist()) == [4, 6, 8, 10, 12]
 
 
+def test_queue_counts_the_rows_written():
+    q = Queue(size=5, dim=2)
+    q.push(torch.ones(3, 2))
+    assert q.filled.item() == 3
+    q.push(torch.ones(4, 2))  # wraps: every row written, the count stops at the size
+    assert q.filled.item() == 5
+
+
 def test_queue_in_state_dict():
     q = Queue(4, 3)
     q.push(torch.ones(2, 3))
     sd = q.state_dict()
     r = Queue(4, 3)
     r.load_state_dict(sd)
-    assert torch.equal(r.items, q.items) and r.ptr.item() == 2
+    assert torch.equal(r.items, q.items) and r.ptr.item() == 2 and r.filled.item() == 2
 
 
 def test_ema_update_is_exact():
@@ -70,6 +78,15 @@ def test_no_weight_decay_on_norms_and_biases():
     for name in ("sgd", "lars", "adamw"):
         opt = create_optimizer(model, OptimConfig(name=name, lr=0.1, lr_batch=256), batch_size=512)
         assert opt.param_groups[0]["lr"] == pytest.approx(0.2)  # linear scaling
+
+
+def test_fixed_lr_modules_get_their_own_groups():
+    model = nn.Sequential(nn.Linear(3, 4), nn.Sequential(nn.Linear(4, 2), nn.BatchNorm1d(2)))
+    groups = param_groups(model, 0.1, fixed_lr=("1",))  # the second child keeps the peak lr
+    fixed = [g for g in groups if g.get("fixed_lr")]
+    assert [len(g["params"]) for g in groups] == [1, 1, 1, 3]  # decay, no decay; fixed: decay, no decay
+    assert {id(p) for g in fixed for p in g["params"]} == {id(p) for p in model[1].parameters()}
+    assert [g["weight_decay"] for g in fixed] == [0.1, 0.0]
 
 
 def test_lars_step_matches_formula():

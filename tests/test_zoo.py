@@ -391,7 +391,8 @@ def test_simsiam_collapses_without_stop_gradient():
     """Without stop-gradient the outputs collapse (std of normalised z -> 0); with it the std stays near
     1/sqrt(d). 200 steps of batch 32 at 16 px, d = 64 (1/sqrt(d) = 0.125); about 20 s on 2 idle cores.
     Measured on shapes (views through the network separately, as SimSiam's Algorithm 1), last 10 steps:
-    with stop-gradient 0.102 (2 threads) / 0.120 (1 thread), without 0.048 / 0.047."""
+    with stop-gradient 0.122, without 0.051 (1 thread, zero-initialised residual blocks, SimSiam's default);
+    before that default, 0.102 (2 threads) / 0.120 (1 thread) and 0.048 / 0.047."""
     d = 64
     with_sg = _simsiam_std_trace(True, dim=d)
     without = _simsiam_std_trace(False, dim=d)
@@ -401,3 +402,29 @@ def test_simsiam_collapses_without_stop_gradient():
     # the trajectory depends on float summation order (thread count), so the bounds leave room on both sides
     assert late_without < 0.5 * d ** -0.5 < late_with, (with_sg, without)  # half of 1/sqrt(d) separates the runs
     assert late_without < 0.6 * late_with, without
+
+
+def test_simsiam_predictor_keeps_the_peak_lr(tmp_path):
+    """``fix_pred_lr``: the loop decays every group's lr but the predictor's (SimSiam, section 4.1)."""
+    from kontrast.checkpoint import latest_checkpoint, load_checkpoint
+    from kontrast.methods.build import create_method, resolve
+    from kontrast.train.loop import fit
+    from kontrast.train.optim import create_optimizer, peak_lr
+
+    raw = {"method": {"name": "simsiam", "proj_hidden": 32, "proj_dim": 32, "pred_hidden": 8},
+           "encoder": {"name": "resnet18", "width": 0.125}, "data": {"source": "shapes:64"},
+           "train": {"epochs": 2, "batch_size": 16, "device": "cpu"}}
+    cfg = resolve(raw)
+    fit(cfg, tmp_path / "run", progress=False)
+    method = create_method(cfg, num_samples=64)
+    opt = create_optimizer(method, cfg.optim, 16)
+    load_checkpoint(latest_checkpoint(tmp_path / "run"), method, opt)
+    peak = peak_lr(cfg.optim, 16)
+    predictor = {id(p) for p in method.predictor.parameters()}
+    for group in opt.param_groups:
+        in_predictor = {id(p) in predictor for p in group["params"]}
+        assert len(in_predictor) == 1  # a group is all predictor or none of it
+        if in_predictor.pop():
+            assert group["lr"] == pytest.approx(peak)
+        else:
+            assert group["lr"] < 0.1 * peak  # the cosine schedule's last step

@@ -176,7 +176,7 @@ def test_queue_fills_from_its_start_epoch_and_then_joins_sinkhorn():
         if keys is not None:
             pushed.append(keys.clone())
         method.after_step(0.0)
-    assert int(method.queued) == 8 * 3
+    assert [int(q.filled) for q in method.queues] == [16, 16]  # 8 x 3 rows pushed into each, 16 kept
     for a, queue in enumerate(method.queues):  # FIFO of 16 rows: step 4's keys overwrote step 2's
         torch.testing.assert_close(queue.items, torch.cat([pushed[2][a], pushed[1][a]]), atol=0, rtol=0)
     # with a full queue the codes come from a Sinkhorn problem over batch + queue

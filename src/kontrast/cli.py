@@ -106,6 +106,7 @@ def _bench_args(sub) -> None:
     p.add_argument("--accuracy", action="store_true", help="also kNN top-1 after --accuracy-epochs, ours and peer")
     p.add_argument("--accuracy-epochs", type=int, default=5)
     p.add_argument("--workdir", help="folder for run directories and logs (default: a new temporary folder)")
+    p.add_argument("--timeout", type=float, help="seconds each subprocess run may take (default 3600)")
     p.add_argument("--json", action="store_true", help="print all figures as one JSON object (progress on stderr)")
 
 

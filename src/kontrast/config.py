@@ -79,6 +79,7 @@ class EncoderConfig:
     name: str = "resnet18"  # resnet18|34|50 or torchvision:<model>
     stem: str | None = checked(None, choices=("cifar", "imagenet"))  # cifar (3x3, no max-pool; resnet default)
     width: float = checked(1.0, gt=0)  # channel multiplier
+    zero_init_residual: bool = False  # each residual block starts as the identity (last BN gamma = 0; kontrast ResNets)
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,18 @@ def captions_from_labels(labels: torch.Tensor, classes: list[str], seed: int = 0
     return [TEMPLATES[t].format(class_text(classes[y])) for t, y in zip(which, labels.tolist())]
 
 
+def captions_for(data, seed: int = 0) -> tuple[list[str], str]:
+    """The captions of an ``ImageSet``: its own, else made from its labels; and a one-line note saying which."""
+    if data.captions is not None:
+        return data.captions, f"{len(data.captions)} captions from {data.name}"
+    if data.labels is not None and data.classes:
+        return captions_from_labels(data.labels, data.classes, seed), (
+            f"{data.name} has no captions; made them from its {len(data.classes)} class names "
+            "in varied templates, so the text is the label (supervised)")
+    raise UserError(f"{data.name} has neither captions nor labels; pass a paired .jsonl/.csv "
+                    "(see `kontrast captions`) or a labelled source")
+
+
 def write_captions(data: str | os.PathLike, out: str | os.PathLike, seed: int = 0) -> dict:
     """Write a JSONL paired file for an ImageFolder tree: one line per image.
 

@@ -10,9 +10,10 @@ import torch.nn.functional as F
 class Queue(nn.Module):
     """FIFO queue of the last ``size`` keys (MoCo, He et al. 2020, https://arxiv.org/abs/1911.05722).
 
-    Buffers (saved in every checkpoint): ``items [size, dim]`` and ``ptr`` (next
-    row to overwrite, a 0-d int64 tensor on the device, so pushing never syncs
-    with the host). Starts as random unit vectors, as MoCo does.
+    Buffers (saved in every checkpoint): ``items [size, dim]``, ``ptr`` (next row to
+    overwrite) and ``filled`` (rows written so far, at most ``size``), 0-d int64 tensors
+    on the device, so pushing never syncs with the host. Starts as random unit vectors,
+    as MoCo does.
     """
 
     def __init__(self, size: int, dim: int, generator: torch.Generator | None = None):
@@ -20,6 +21,7 @@ class Queue(nn.Module):
         self.size = size
         self.register_buffer("items", F.normalize(torch.randn(size, dim, generator=generator), dim=1))
         self.register_buffer("ptr", torch.zeros((), dtype=torch.long))
+        self.register_buffer("filled", torch.zeros((), dtype=torch.long))
 
     @torch.no_grad()
     def push(self, keys: torch.Tensor) -> None:
@@ -30,6 +32,7 @@ class Queue(nn.Module):
         rows = (self.ptr + torch.arange(b, device=keys.device)) % self.size  # [B]
         self.items[rows] = keys.to(self.items.dtype)
         self.ptr.copy_((self.ptr + b) % self.size)
+        self.filled.copy_(torch.clamp(self.filled + b, max=self.size))
 
 
 class MemoryBank(nn.Module):

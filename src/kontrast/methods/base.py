@@ -21,7 +21,8 @@ class Method(nn.Module):
     Subclasses set ``name``, ``description`` (one line), ``recipe`` (an augment
     recipe name), ``Params`` (a frozen dataclass of their hyperparameters, paper
     defaults) and optionally ``defaults`` (overrides of other config sections,
-    e.g. BYOL's LARS optimizer).
+    e.g. BYOL's LARS optimizer). ``fixed_lr_modules`` names submodules whose
+    learning rate stays at the peak instead of following the schedule (SimSiam's predictor).
     """
 
     name: ClassVar[str]
@@ -29,6 +30,7 @@ class Method(nn.Module):
     recipe: ClassVar[str]
     Params: ClassVar[type]
     defaults: ClassVar[Mapping[str, Any]] = {}
+    fixed_lr_modules: tuple[str, ...] = ()
 
     def __init__(self, encoder: nn.Module, params: Any, num_samples: int = 0):
         super().__init__()

@@ -36,7 +36,14 @@ def resolve(raw: dict) -> Config:
 def create_method(cfg: Config, num_samples: int = 0) -> Method:
     """The configured method; ``num_samples`` (training-set size) sizes per-sample state such as memory banks."""
     cls = METHODS.get(cfg.method.name)
-    encoder = create_encoder(cfg.encoder.name, stem=cfg.encoder.stem, width=cfg.encoder.width)
+    extra = {"zero_init_residual": True} if cfg.encoder.zero_init_residual else {}
+    try:
+        encoder = create_encoder(cfg.encoder.name, stem=cfg.encoder.stem, width=cfg.encoder.width, **extra)
+    except TypeError as err:  # an encoder without residual blocks to start as the identity
+        if not extra:
+            raise
+        raise UserError(f"encoder {cfg.encoder.name!r} has no zero_init_residual option; "
+                        "set encoder.zero_init_residual=false") from err
     return cls(encoder, method_params(cfg.method.name, dict(cfg.method.args)), num_samples)
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from kontrast.data.captions import captions_from_labels
+from kontrast.data.captions import captions_for
 from kontrast.encoders.text import TextTransformer, tokenize
 from kontrast.errors import UserError
 from kontrast.losses.symmetric import symmetric_info_nce
@@ -57,17 +57,9 @@ class CLIP(Method):
         self.register_buffer("tokens", torch.zeros(0, params.context_length, dtype=torch.long), persistent=False)
 
     def bind_data(self, data) -> str:
-        if data.captions is not None:
-            captions, note = data.captions, f"clip: {len(data.captions)} captions from {data.name}"
-        elif data.labels is not None and data.classes:
-            captions = captions_from_labels(data.labels, data.classes, self.params.caption_seed)
-            note = (f"clip: {data.name} has no captions; made them from its {len(data.classes)} class names "
-                    "in varied templates, so the text is the label (supervised)")
-        else:
-            raise UserError(f"clip needs captions and {data.name} has neither captions nor labels; pass a "
-                            "paired .jsonl/.csv (see `kontrast captions`) or a labelled source")
+        captions, note = captions_for(data, self.params.caption_seed)
         self.tokens = self.tokenize(captions)
-        return note
+        return f"clip: {note}"
 
     def tokenize(self, texts: list[str]) -> torch.Tensor:
         return tokenize(texts, self.params.context_length).to(self.logit_scale.device)  # [N, L]

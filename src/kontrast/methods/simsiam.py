@@ -9,7 +9,11 @@ go through the network separately, as in Algorithm 1 (``z1, z2 = f(x1), f(x2)``)
 its own BN statistics; measured here, one concatenated batch (shared statistics) let a 200-step run
 with stop-gradient drift towards collapse (std of normalised z 0.067 against 0.12 per view at d=64).
 CIFAR defaults (paper, appendix D): 2-layer projector, output 2048, SGD lr 0.03 per 256 images,
-weight decay 5e-4. ``stop_gradient = False`` is the paper's ablation (figure 2): the outputs
+weight decay 5e-4; as in the authors' code, the ResNet's residual blocks start as the identity
+(``encoder.zero_init_residual``) and the predictor's lr is not decayed (``fix_pred_lr``). Measured
+on the short learning run (4000 images, 124 steps, seeds 0/1): without the zero-initialised blocks
+kNN falls below the untrained encoder (0.2385 -> 0.193 on seed 1); with them it rises (0.2395 ->
+0.2825, 0.2405 -> 0.281). ``stop_gradient = False`` is the paper's ablation (figure 2): the outputs
 collapse to a constant, which ``embedding_std`` (their collapse monitor) shows falling to 0.
 """
 
@@ -31,6 +35,7 @@ class SimSiamParams:
     proj_dim: int = 2048
     pred_hidden: int = 512
     stop_gradient: bool = True  # False: the collapse ablation
+    fix_pred_lr: bool = True  # the predictor's lr stays at the peak (paper section 4.1, the authors' --fix-pred-lr)
 
 
 @METHODS.register("simsiam")
@@ -38,12 +43,13 @@ class SimSiam(Method):
     description = "SimSiam: predictor + stop-gradient, symmetric negative cosine, no negatives (Chen & He 2021)"
     recipe = "simsiam_cifar"
     Params = SimSiamParams
-    defaults = {"optim": {"lr": 0.03, "weight_decay": 5e-4}}
+    defaults = {"optim": {"lr": 0.03, "weight_decay": 5e-4}, "encoder": {"zero_init_residual": True}}
 
     def __init__(self, encoder, params: SimSiamParams, num_samples: int = 0):
         super().__init__(encoder, params, num_samples)
         self.projector = mlp([encoder.dim, params.proj_hidden, params.proj_dim], last_norm=True)
         self.predictor = mlp([params.proj_dim, params.pred_hidden, params.proj_dim])
+        self.fixed_lr_modules = ("predictor",) if params.fix_pred_lr else ()
 
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         b = views[0].shape[0]

@@ -73,7 +73,6 @@ class SwAV(Method):
         self.queues = nn.ModuleList(Queue(params.queue_size, params.proj_dim) for _ in range(params.global_views)
                                     if params.queue_size > 0)
         self.register_buffer("steps", torch.zeros((), dtype=torch.long))  # finished optimizer steps
-        self.register_buffer("queued", torch.zeros((), dtype=torch.long))  # rows pushed into each queue
         self._keys: torch.Tensor | None = None
 
     def _epochs_done(self, batch: int) -> float:
@@ -90,7 +89,7 @@ class SwAV(Method):
             codes = []
             for a in range(p.global_views):
                 s = scores[a].detach()  # [B, K]
-                if self.queues and int(self.queued) >= p.queue_size:  # a full queue joins the transport problem
+                if self.queues and int(self.queues[a].filled) == p.queue_size:  # a full queue joins the transport
                     s = torch.cat([s, self.prototypes(self.queues[a].items)])  # [B+Q, K]
                 codes.append(sinkhorn(s, p.sinkhorn_epsilon, p.sinkhorn_iterations)[:b])  # [B, K]
         loss = swapped_prediction(scores, torch.stack(codes), p.temperature)
@@ -104,5 +103,4 @@ class SwAV(Method):
         if self._keys is not None:
             for queue, keys in zip(self.queues, self._keys):
                 queue.push(keys.float())
-            self.queued += self._keys.shape[1]
             self._keys = None

@@ -295,7 +295,8 @@ def _fit(cfg: Config, run_dir: str | Path, *, resume: bool = False, overwrite: b
     specs = view_specs(cfg, method)  # () for a sequence method: it gets the raw float batch
     optimizer = create_optimizer(method, cfg.optim, tc.batch_size)
     warmup = round(cfg.optim.warmup_epochs * steps_per_epoch)
-    lrs = lr_schedule(peak_lr(cfg.optim, tc.batch_size), total_steps, warmup, cfg.optim.min_lr).tolist()
+    peak = peak_lr(cfg.optim, tc.batch_size)
+    lrs = lr_schedule(peak, total_steps, warmup, cfg.optim.min_lr).tolist()
 
     start_step, counters = 0, {"skipped": 0, "consecutive_skips": 0, "collapse": None}
     if resume:
@@ -365,7 +366,7 @@ def _fit(cfg: Config, run_dir: str | Path, *, resume: bool = False, overwrite: b
                     if epoch * steps_per_epoch + i < start_step:
                         continue  # mid-epoch resume: these batches were already seen
                     for group in optimizer.param_groups:
-                        group["lr"] = lrs[step]
+                        group["lr"] = peak if group.get("fixed_lr") else lrs[step]
                     torch.manual_seed(step_seed(tc.seed, step))
                     fault.trace(step + 1, epoch, idx)
                     idx = idx.to(device)

@@ -44,15 +44,19 @@ class LARS(torch.optim.Optimizer):
                 p.add_(buf, alpha=-group["lr"])
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Two groups: weights with decay; norms and biases without (and without LARS scaling)."""
-    decay, no_decay = [], []
-    for p in model.parameters():
+def param_groups(model: nn.Module, weight_decay: float, fixed_lr: tuple[str, ...] = ()) -> list[dict]:
+    """Weights with decay; norms and biases without (and without LARS scaling). Parameters under the
+    submodules named in ``fixed_lr`` get groups of their own marked ``fixed_lr`` (the loop keeps their
+    learning rate at the peak); empty groups are dropped."""
+    groups = {(fixed, small): [] for fixed in (False, True) for small in (False, True)}
+    for name, p in model.named_parameters():
         if p.requires_grad:
-            (no_decay if p.ndim <= 1 else decay).append(p)
+            fixed = any(name == m or name.startswith(m + ".") for m in fixed_lr)
+            groups[fixed, p.ndim <= 1].append(p)
     return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0, "lars": False},
+        {"params": params, "weight_decay": 0.0 if small else weight_decay, **({"lars": False} if small else {}),
+         **({"fixed_lr": True} if fixed else {})}
+        for (fixed, small), params in groups.items() if params
     ]
 
 
@@ -62,7 +66,7 @@ def peak_lr(cfg: OptimConfig, batch_size: int) -> float:
 
 
 def create_optimizer(model: nn.Module, cfg: OptimConfig, batch_size: int) -> torch.optim.Optimizer:
-    groups = param_groups(model, cfg.weight_decay)
+    groups = param_groups(model, cfg.weight_decay, getattr(model, "fixed_lr_modules", ()))
     lr = peak_lr(cfg, batch_size)
     if cfg.name == "sgd":
         for g in groups:
