@@ -11,11 +11,8 @@ prototypes frozen for 2 epochs, LARS lr 0.6 x batch/256, weight decay 1e-6, 10 w
 Epoch-based switches count finished steps (a checkpointed buffer) against num_samples // batch;
 with num_samples unknown (0) they stay off.
 
-Numerics (docs/methods.md, "SwAV"): prototype scores, codes and the loss are computed in float32
-outside autocast, and Sinkhorn-Knopp runs in the log domain (the same codes, no underflow at small ε).
-Short runs: with ε = 0.05 the codes of a barely trained encoder are near uniform and the model settles
-at loss log K (uniform predictions; the paper, section 3.1, warns of this for high ε). ε = 0.01,
-100 prototypes, the 2 global crops alone (recipe ``swav_global``) and SGD learn in 124 steps.
+Numerics and short runs (docs/methods.md, "SwAV"): scores, codes and loss in float32 outside
+autocast, Sinkhorn-Knopp in the log domain; ε = 0.05 leaves a barely trained encoder at loss log K.
 """
 
 from __future__ import annotations
