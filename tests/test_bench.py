@@ -62,6 +62,8 @@ def test_bench_prints_reproducing_commands(tmp_path, capsys):
 def test_bench_bad_section_is_a_user_error(capsys):
     assert main(["bench", "--sections", "nope"]) == 2
     assert "unknown bench section" in capsys.readouterr().err
+    assert main(["bench", "--sections", "loss", "--timeout", "0"]) == 2
+    assert "--timeout > 0" in capsys.readouterr().err
 
 
 def test_peer_is_run_when_given(tmp_path):

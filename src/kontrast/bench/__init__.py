@@ -310,8 +310,8 @@ def run_bench(opts: BenchOptions) -> dict:
     bad = [s for s in opts.settings if s not in ("fp32", "bf16_cl")]
     if bad or opts.step_setting not in ("fp32", "bf16_cl"):
         raise UserError(f"bench settings must be fp32 or bf16_cl, got {', '.join(bad) or opts.step_setting}")
-    if opts.batch < 2 or opts.steps < 1 or opts.step_iters < 1:
-        raise UserError("--batch must be >= 2, --steps and --step-iters >= 1")
+    if opts.batch < 2 or opts.steps < 1 or opts.step_iters < 1 or opts.timeout <= 0:
+        raise UserError("--batch must be >= 2, --steps and --step-iters >= 1, --timeout > 0")
     threads = _threads(opts)
     torch.set_num_threads(threads)
     result: dict = {"torch": torch.__version__, "device": opts.device, "cpu_count": os.cpu_count(),
