@@ -98,5 +98,17 @@ def test_torchvision_pipeline_mirrors_the_spec():
 
 
 def test_bad_settings_are_user_errors():
-    with pytest.raises(UserError, match="fp32 or bf16_cl"):
+    with pytest.raises(UserError, match="fp32, bf16_cl or"):
         run_bench(BenchOptions(sections=("loss",), settings=("fp16",), log=lambda *a: None))
+
+
+@pytest.mark.slow
+def test_bench_compiled_views_column(capsys):
+    """--compile-views adds the compiled view pipeline (train.compile's) beside eager and torchvision."""
+    args = ["bench", *TINY, "--sections", "augment", "--compile-views", "--json"]
+    args[args.index("simclr_cifar")] = "clip"  # one crop: the quickest recipe to compile
+    assert main(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    row = result["augment"]["recipes"][0]
+    assert row["compiled_img_per_s"] > 0 and row["compile_s"] > 0 and row["command"].endswith("--compile-views")
+    assert "augment_vs_torchvision_compiled" in result["targets"]

@@ -94,14 +94,34 @@ def test_compile_of_augmentation_and_loss_has_no_graph_break():
     assert explained.graph_count == 1
 
 
-def test_train_compile_compiles_the_encoder_in_place(tmp_path, monkeypatch):
-    """``train.compile`` calls ``nn.Module.compile`` on the encoder (stubbed here: a real compile takes
-    minutes on CPU); in place, so parameter names and checkpoints do not change."""
+def test_train_compile_compiles_the_encoder_in_place_and_the_views(tmp_path, monkeypatch):
+    """``train.compile`` calls ``nn.Module.compile`` on the encoder and ``torch.compile`` on the view
+    pipeline (both stubbed here: a real compile takes minutes on CPU); the encoder in place, so parameter
+    names and checkpoints do not change."""
     from kontrast.train.loop import fit
 
     compiled = []
     monkeypatch.setattr(torch.nn.Module, "compile", lambda self, *a, **k: compiled.append(type(self).__name__))
+    monkeypatch.setattr(torch, "compile", lambda fn, **k: compiled.append(fn.__name__) or fn)
     cfg = resolve({"data": {"source": "shapes:32"}, "encoder": {"width": 0.0625},
                    "train": {"epochs": 1, "batch_size": 16, "compile": True}})
     summary = fit(cfg, tmp_path / "run", progress=False)
-    assert compiled == ["ResNet"] and summary["steps"] == 2
+    assert compiled == ["ResNet", "views"] and summary["steps"] == 2
+
+
+@pytest.mark.slow
+def test_compiled_views_equal_eager_views_and_compile_once():
+    """view_maker(compile=True) gives make_views' views (to float rounding), and a new epoch's key (a
+    tensor) reuses the graph: no recompilation (~30 s on one core, most of it the first compile)."""
+    from kontrast.augment import key_tensor, view_maker
+
+    specs = resolved_recipe("simclr_cifar", 32)
+    x = torch.randint(0, 256, (16, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    ids = torch.arange(16)
+    eager, compiled = view_maker(specs), view_maker(specs, compile=True)
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for epoch in range(2):
+            key = key_tensor(derive_key("augment", 0, epoch))
+            for a, b in zip(eager(x, ids, key), compiled(x, ids, key)):
+                torch.testing.assert_close(a, b, atol=1e-5, rtol=0)

@@ -99,7 +99,10 @@ def _bench_args(sub) -> None:
     p.add_argument("--step-setting", choices=["fp32", "bf16_cl"], default="bf16_cl")
     p.add_argument("--loss-batches", type=_csv(int), help="loss: comma list of batch sizes")
     p.add_argument("--steps", type=int, default=30, help="train: steps per end-to-end run")
-    p.add_argument("--settings", type=_csv(str), help="train: comma list of fp32,bf16_cl (default: both)")
+    p.add_argument("--settings", type=_csv(str),
+                   help="train: comma list of fp32,bf16_cl,bf16_cl_compile (default: fp32,bf16_cl)")
+    p.add_argument("--compile-views", action="store_true",
+                   help="augment: also time the view pipeline under torch.compile (train.compile's)")
     p.add_argument("--peer-python", help="python of the peer's venv (../shared/bench/README.md); no peer without it")
     p.add_argument("--peer-data", help="the extracted CIFAR-10 folder (train/, test/) the peer reads")
     p.add_argument("--peer-script", default="../shared/bench/lightly_simclr.py")

@@ -102,7 +102,7 @@ class TrainConfig:
     seed: int = checked(0, ge=0)
     precision: str = checked("fp32", choices=("fp32", "bf16"))  # bf16 = autocast
     channels_last: bool = False
-    compile: bool = False  # torch.compile the encoder (1.3x per step measured on CPU; the first step compiles for minutes)
+    compile: bool = False  # torch.compile the encoder and the view pipeline (docs/performance.md §6; the first step compiles for minutes)
     device: str = checked("auto", pattern=r"auto|cpu|cuda(:\d+)?|mps")
     log_every: int = checked(10, ge=1)  # steps between metric lines
     knn_every: int = checked(0, ge=0)  # epochs between kNN monitors (0 = off)

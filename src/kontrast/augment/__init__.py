@@ -19,7 +19,7 @@ from kontrast.augment.ops import (
     sample_uniform,
     solarize,
 )
-from kontrast.augment.rng import SampleRNG, derive_key
+from kontrast.augment.rng import SampleRNG, derive_key, key_tensor
 from kontrast.augment.views import (
     RECIPES,
     ViewSpec,
@@ -28,6 +28,7 @@ from kontrast.augment.views import (
     make_view,
     make_views,
     to_float,
+    view_maker,
 )
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "adjust_saturation",
     "color_jitter",
     "derive_key",
+    "key_tensor",
     "eval_view",
     "gaussian_blur",
     "get_recipe",
@@ -49,6 +51,7 @@ __all__ = [
     "hflip",
     "make_view",
     "make_views",
+    "view_maker",
     "normalize",
     "resized_crop",
     "sample_color_jitter",

@@ -52,6 +52,12 @@ def derive_key(*parts: int | str) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
 
 
+def key_tensor(key: int, device: torch.device | str = "cpu") -> Tensor:
+    """A 64-bit key as a 0-d int64 tensor (two's complement), for :class:`SampleRNG` under torch.compile."""
+    key = int(key) & ((1 << 64) - 1)
+    return torch.tensor(key - (1 << 64) if key >= 1 << 63 else key, dtype=torch.int64, device=device)
+
+
 class SampleRNG:
     """Per-sample uniforms for one batch, keyed by dataset indices instead of call order.
 
@@ -61,10 +67,13 @@ class SampleRNG:
     dimension is the batch. :meth:`for_view` gives view ``v`` its own stream.
     """
 
-    def __init__(self, key: int, ids: Tensor, view: int = 0):
-        self.key, self.ids, self.view = int(key), ids.to(torch.int64), int(view)
+    def __init__(self, key: int | Tensor, ids: Tensor, view: int = 0):
+        # a 0-d int64 tensor key (:func:`key_tensor`) gives the same stream and keeps torch.compile from
+        # specialising on it (one compiled graph for every epoch)
+        self.key = key if isinstance(key, Tensor) else int(key)
+        self.ids, self.view = ids.to(torch.int64), int(view)
         self.device = ids.device
-        lo, hi = self.key & _M32, (self.key >> 32) & _M32
+        lo, hi = self.key & _M32, (self.key >> 32) & _M32  # arithmetic shift: right for a wrapped tensor key too
         self._state = mix32(mix32((self.ids & _M32) ^ lo) ^ hi)  # [B] two keyed rounds: a bijection of the id
         self._block: Tensor | None = None  # [B, BLOCK] float32 uniforms not yet handed out
         self._used = BLOCK

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from kontrast.augment import ops, randaugment
+from kontrast.augment.rng import SampleRNG
 from kontrast.errors import UserError
 
 
@@ -203,6 +204,19 @@ def make_views(images: Tensor, specs: Sequence[ViewSpec], generator: torch.Gener
     """
     x = to_float(images)
     return [_view(x, spec, view_source(generator, i)) for i, spec in enumerate(specs)]
+
+
+def view_maker(specs: Sequence[ViewSpec], compile: bool = False):
+    """``fn(images uint8 [B, 3, H, W], ids [B], key) -> views``: :func:`make_views` with a per-sample
+    :class:`~kontrast.augment.rng.SampleRNG`. ``compile`` wraps it in ``torch.compile`` (static shapes:
+    the loop's batches all have one size); pass the key as :func:`~kontrast.augment.rng.key_tensor` so
+    a new epoch's key does not recompile. Same views either way, up to float rounding of fused ops."""
+    specs = tuple(specs)
+
+    def views(images: Tensor, ids: Tensor, key) -> list[Tensor]:
+        return make_views(images, specs, SampleRNG(key, ids))
+
+    return torch.compile(views, dynamic=False) if compile else views
 
 
 def eval_view(images: Tensor, spec: ViewSpec) -> Tensor:

@@ -15,7 +15,7 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from kontrast.augment import SampleRNG, ViewSpec, derive_key, get_recipe, make_views
+from kontrast.augment import SampleRNG, ViewSpec, derive_key, get_recipe, key_tensor, make_views, view_maker
 from kontrast.augment.views import SOLARIZE_THRESHOLD
 
 
@@ -65,11 +65,13 @@ def _timed(fn, min_seconds: float, min_iters: int) -> tuple[float, int]:
 
 
 def augment_throughput(images: Tensor, recipes: list[str], *, batch: int, seconds: float,
-                       pil_images: int = 128, rounds: int = 3, device: str = "cpu") -> list[dict]:
+                       pil_images: int = 128, rounds: int = 3, device: str = "cpu", compiled: bool = False) -> list[dict]:
     """images/s per thread of each recipe: ours (``make_views``, one batch) vs torchvision (per image).
 
     images: uint8 [N, 3, H, W] (N >= batch); the first ``pil_images`` go through torchvision.
     ``seconds`` per side and recipe, split into ``rounds`` alternating rounds (medians reported).
+    ``compiled``: also ours under ``torch.compile`` (:func:`~kontrast.augment.view_maker`, as
+    ``train.compile`` runs it), in the same rounds; its first call's time is ``compile_s``.
     """
     from torchvision.transforms.v2 import functional as TF
 
@@ -85,15 +87,27 @@ def augment_throughput(images: Tensor, recipes: list[str], *, batch: int, second
             specs = resolved_recipe(name, size)
             key = derive_key("bench", name)
             pipes = [torchvision_pipeline(s) for s in specs]
-            ours, theirs = [], []
+            row: dict = {}
+            if compiled:
+                fast, key_t = view_maker(specs, compile=True), key_tensor(key, device)
+                start = time.perf_counter()
+                fast(x, ids, key_t), sync()
+                row["compile_s"] = round(time.perf_counter() - start, 1)
+            ours, theirs, comp = [], [], []
             for _ in range(rounds):  # alternate, so a change in machine load hits both sides alike
                 took, n = _timed(lambda: (make_views(x, specs, SampleRNG(key, ids)), sync()), seconds / rounds, 2)
                 ours.append(batch * n / took)
                 took, n = _timed(lambda: [p(img) for img in pil for p in pipes], seconds / rounds, 1)
                 theirs.append(len(pil) * n / took)
+                if compiled:
+                    took, n = _timed(lambda: (fast(x, ids, key_t), sync()), seconds / rounds, 2)
+                    comp.append(batch * n / took)
             ours, theirs = statistics.median(ours), statistics.median(theirs)
+            if compiled:
+                row.update(compiled_img_per_s=round(statistics.median(comp), 1),
+                           compiled_ratio=round(statistics.median(comp) / theirs, 2))
             rows.append({"recipe": name, "views": len(specs), "ours_img_per_s": round(ours, 1),
-                         "torchvision_img_per_s": round(theirs, 1), "ratio": round(ours / theirs, 2)})
+                         "torchvision_img_per_s": round(theirs, 1), "ratio": round(ours / theirs, 2), **row})
         return rows
     finally:
         torch.set_num_threads(threads)

@@ -25,6 +25,9 @@ from kontrast.errors import UserError
 SETTINGS = {  # name -> (kontrast train flags, peer flags)
     "fp32": ([], []),
     "bf16_cl": (["--precision", "bf16", "--set", "train.channels_last=true"], ["--bf16", "--channels-last"]),
+    # ours with train.compile (encoder and views); the peer has no compile option: its bf16_cl run
+    "bf16_cl_compile": (["--precision", "bf16", "--set", "train.channels_last=true", "--set", "train.compile=true"],
+                        ["--bf16", "--channels-last"]),
 }
 
 

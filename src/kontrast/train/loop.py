@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from kontrast.augment import SampleRNG, derive_key, make_views
+from kontrast.augment import derive_key, key_tensor, view_maker
 from kontrast.checkpoint import latest_checkpoint, load_checkpoint, remove_partial, save_checkpoint
 from kontrast.config import Config, dump
 from kontrast.data import batch_indices, load_images
@@ -287,12 +287,13 @@ def _fit(cfg: Config, run_dir: str | Path, *, resume: bool = False, overwrite: b
     if tc.channels_last:
         method = method.to(memory_format=torch.channels_last)
     if tc.compile:  # in place (nn.Module.compile): same parameters and state_dict keys, checkpoints unchanged
-        method.encoder.compile()
+        method.encoder.compile()  # (the view pipeline is compiled too: view_maker below)
     note = method.bind_data(data)  # per-sample data beside the images (CLIP's captions); None for most methods
     if note:
         print(note, file=sys.stderr)
     check_inputs(method, data)
     specs = view_specs(cfg, method)  # () for a sequence method: it gets the raw float batch
+    make = view_maker(specs, compile=tc.compile)  # compiled: one graph, the epoch's key passed as a tensor
     optimizer = create_optimizer(method, cfg.optim, tc.batch_size)
     warmup = round(cfg.optim.warmup_epochs * steps_per_epoch)
     peak = peak_lr(cfg.optim, tc.batch_size)
@@ -361,7 +362,7 @@ def _fit(cfg: Config, run_dir: str | Path, *, resume: bool = False, overwrite: b
             if knn_sets and start_step == 0:
                 knn_monitor(0)  # the untrained encoder: the baseline every later figure is read against
             for epoch in range(start_step // steps_per_epoch, tc.epochs):
-                aug_key = derive_key("augment", tc.seed, epoch)
+                aug_key = key_tensor(derive_key("augment", tc.seed, epoch), device)
                 for i, idx in enumerate(batch_indices(n, tc.batch_size, epoch, tc.seed)):
                     if epoch * steps_per_epoch + i < start_step:
                         continue  # mid-epoch resume: these batches were already seen
@@ -370,7 +371,7 @@ def _fit(cfg: Config, run_dir: str | Path, *, resume: bool = False, overwrite: b
                     torch.manual_seed(step_seed(tc.seed, step))
                     fault.trace(step + 1, epoch, idx)
                     idx = idx.to(device)
-                    views = make_views(images[idx], specs, SampleRNG(aug_key, idx)) if specs else [images[idx]]
+                    views = make(images[idx], idx, aug_key) if specs else [images[idx]]
                     if tc.channels_last and specs:
                         views = [v.contiguous(memory_format=torch.channels_last) for v in views]
                     buffers = [b.clone() for b in method.buffers()] if tc.nonfinite == "skip" else None
