@@ -109,6 +109,14 @@ def test_train_compile_compiles_the_encoder_in_place_and_the_views(tmp_path, mon
     assert compiled == ["ResNet", "views"] and summary["steps"] == 2
 
 
+def test_randaugment_views_are_not_compiled():
+    """Compiled, InfoMin's RandAugment views ran at half the eager speed (docs/performance.md §6)."""
+    from kontrast.augment import get_recipe, view_maker
+
+    assert not hasattr(view_maker(get_recipe("infomin"), compile=True), "_torchdynamo_orig_callable")
+    assert hasattr(view_maker(get_recipe("simclr_cifar"), compile=True), "_torchdynamo_orig_callable")
+
+
 @pytest.mark.slow
 def test_compiled_views_equal_eager_views_and_compile_once():
     """view_maker(compile=True) gives make_views' views (to float rounding), and a new epoch's key (a

@@ -210,13 +210,17 @@ def view_maker(specs: Sequence[ViewSpec], compile: bool = False):
     """``fn(images uint8 [B, 3, H, W], ids [B], key) -> views``: :func:`make_views` with a per-sample
     :class:`~kontrast.augment.rng.SampleRNG`. ``compile`` wraps it in ``torch.compile`` (static shapes:
     the loop's batches all have one size); pass the key as :func:`~kontrast.augment.rng.key_tensor` so
-    a new epoch's key does not recompile. Same views either way, up to float rounding of fused ops."""
+    a new epoch's key does not recompile. Same views either way, up to float rounding of fused ops.
+    Recipes with RandAugment stay eager: compiled, InfoMin's views ran at half the eager speed
+    (docs/performance.md §6)."""
     specs = tuple(specs)
 
     def views(images: Tensor, ids: Tensor, key) -> list[Tensor]:
         return make_views(images, specs, SampleRNG(key, ids))
 
-    return torch.compile(views, dynamic=False) if compile else views
+    if compile and not any(s.randaugment_n > 0 for s in specs):
+        return torch.compile(views, dynamic=False)
+    return views
 
 
 def eval_view(images: Tensor, spec: ViewSpec) -> Tensor:
