@@ -112,3 +112,12 @@ def test_bench_compiled_views_column(capsys):
     row = result["augment"]["recipes"][0]
     assert row["compiled_img_per_s"] > 0 and row["compile_s"] > 0 and row["command"].endswith("--compile-views")
     assert "augment_vs_torchvision_compiled" in result["targets"]
+
+
+def test_accuracy_target_compares_the_fast_default_with_the_peer_and_our_fp32():
+    from kontrast.bench import _targets
+
+    acc = {"fp32": {"ours": {"knn_top1": 0.45}, "peer": {"knn_top1": 0.46}}, "bf16_cl": {"ours": {"knn_top1": 0.47}}}
+    assert _targets({"accuracy": {"settings": acc}}, 0.25)["accuracy_at_fast_defaults"].startswith("met")
+    acc["bf16_cl"]["ours"]["knn_top1"] = 0.455  # above our fp32, below the peer
+    assert _targets({"accuracy": {"settings": acc}}, 0.25)["accuracy_at_fast_defaults"].startswith("NOT met")

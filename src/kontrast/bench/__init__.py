@@ -385,6 +385,13 @@ def _targets(result: dict, width: float) -> dict:
                 share = by_name[name]["outside_encoder"]
                 out[f"outside_encoder_{name}"] = (f"{'met' if share <= limit else 'NOT met'}: {100 * share:.1f}% "
                                                   f"(target <= {100 * limit:.0f}%)")
+    acc = result.get("accuracy", {}).get("settings", {})
+    if "bf16_cl" in acc and ("fp32" in acc or "peer" in acc["bf16_cl"]):
+        fast = acc["bf16_cl"]["ours"]["knn_top1"]
+        refs = {f"peer {s}": e["peer"]["knn_top1"] for s, e in acc.items() if "peer" in e}
+        refs.update({"ours fp32": acc["fp32"]["ours"]["knn_top1"]} if "fp32" in acc else {})
+        out["accuracy_at_fast_defaults"] = (f"{'met' if all(fast >= r for r in refs.values()) else 'NOT met'}: "
+                                            f"bf16_cl kNN {fast:.4f} vs " + ", ".join(f"{k} {v:.4f}" for k, v in refs.items()))
     train = result.get("train", {})
     if "ours_best_vs_peer_fp32" in train:
         for key, target in (("ours_best_vs_peer_fp32", "train_vs_peer_fp32"),
