@@ -156,13 +156,18 @@ def test_skip_mode_trains_on_finite_three_channel_views(hostile, tmp_path, monke
 
     seen = []
 
-    def checked_views(*args, **kwargs):
-        views = real(*args, **kwargs)
-        seen.extend((v.shape[1], v.dtype, bool(torch.isfinite(v).all())) for v in views)
-        return views
+    def checked_maker(*args, **kwargs):
+        make = real(*args, **kwargs)
 
-    real = loop.make_views
-    monkeypatch.setattr(loop, "make_views", checked_views)
+        def checked_views(*batch):
+            views = make(*batch)
+            seen.extend((v.shape[1], v.dtype, bool(torch.isfinite(v).all())) for v in views)
+            return views
+
+        return checked_views
+
+    real = loop.view_maker
+    monkeypatch.setattr(loop, "view_maker", checked_maker)
     threads = torch.get_num_threads()
     with pytest.warns(UserWarning, match=f"skipped {len(BAD)} unreadable"):
         code = main(["train", "--data", str(hostile), "--out", str(tmp_path / "run"), "--batch-size", "8",
