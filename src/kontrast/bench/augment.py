@@ -89,8 +89,10 @@ def augment_throughput(images: Tensor, recipes: list[str], *, batch: int, second
             pipes = [torchvision_pipeline(s) for s in specs]
             row: dict = {}
             if compiled:
-                torch._dynamo.reset()  # every recipe compiles the same function: without a reset the 9th hits
-                fast, key_t = view_maker(specs, compile=True), key_tensor(key, device)  # dynamo's limit, runs eager
+                # every recipe compiles the same function: without a reset the 9th recipe hits dynamo's
+                # recompile limit and silently runs eager
+                torch._dynamo.reset()
+                fast, key_t = view_maker(specs, compile=True), key_tensor(key, device)
                 start = time.perf_counter()
                 fast(x, ids, key_t), sync()
                 row["compile_s"] = round(time.perf_counter() - start, 1)
