@@ -245,10 +245,10 @@ def section_train(opts: BenchOptions) -> dict:
         if not why_not:
             cmd = runs.peer_command(opts.peer_python, opts.peer_script, opts.peer_data, steps=opts.steps,
                                     batch=opts.batch, width=opts.width, threads=threads, setting=setting)
-            if runs.display(cmd) not in peer_runs:
-                peer_runs[runs.display(cmd)] = {**runs.run_peer(cmd, threads, work, opts.timeout, f"peer-{setting}"),
-                                                "command": runs.display(cmd)}
-            entry["peer"] = peer_runs[runs.display(cmd)]
+            line = runs.display(cmd)
+            if line not in peer_runs:
+                peer_runs[line] = {**runs.run_peer(cmd, threads, work, opts.timeout, f"peer-{setting}"), "command": line}
+            entry["peer"] = peer_runs[line]
         cmd = runs.ours_command(data, method="simclr", steps=opts.steps, batch=opts.batch, width=opts.width,
                                 encoder=opts.encoder, threads=threads, setting=setting,
                                 out=str(work / f"ours-{setting}"), device=opts.device)

@@ -40,7 +40,7 @@ def create_method(cfg: Config, num_samples: int = 0) -> Method:
     try:
         encoder = create_encoder(cfg.encoder.name, stem=cfg.encoder.stem, width=cfg.encoder.width, **extra)
     except TypeError as err:  # an encoder without residual blocks to start as the identity
-        if not extra:
+        if not extra or "zero_init_residual" not in str(err):
             raise
         raise UserError(f"encoder {cfg.encoder.name!r} has no zero_init_residual option; "
                         "set encoder.zero_init_residual=false") from err
