@@ -43,11 +43,6 @@ def test_smoke_step(name):
 
 # Short-budget settings per method, shared with the results table (benchmarks/results.py).
 SHORT_BUDGET = yaml.safe_load((Path(__file__).resolve().parents[1] / "benchmarks/short_budget.yaml").read_text())
-# Known gaps: the test runs and is expected to fail for the reason given (an unexpected pass is reported).
-XFAIL = {
-    "infomin": "infomin: the MoCo queries collapse onto one direction with InfoMin's views in this budget; the loss "
-               "stays at log(K+1) (see benchmarks/short_budget.yaml)",
-}
 
 
 def test_every_image_method_has_short_budget_settings():
@@ -57,16 +52,18 @@ def test_every_image_method_has_short_budget_settings():
 @pytest.mark.slow
 @pytest.mark.shared_data
 @pytest.mark.parametrize("name", IMAGE_METHODS)
-def test_learning(name, tmp_path, shared_cifar_tar, request):
+def test_learning(name, tmp_path, shared_cifar_tar):
     """Loss falls and kNN top-1 on CIFAR-10's test split beats chance and the untrained encoder.
 
-    4000 CIFAR-10 training images (2000 for InstDisc), 4-8 epochs, batch 128, ResNet-18 width 0.125, bf16: about a
-    minute on 2 cores. The kNN monitor reads a fixed 2000-image subset of the test split.
+    4000 CIFAR-10 training images (2000 for InstDisc), 4-12 epochs, batch 128, ResNet-18 width 0.125, bf16: one to
+    three minutes on 2 cores. The kNN monitor reads a fixed 2000-image subset of the test split. The loss test
+    compares the mean of the first and the last ``loss_window`` logged losses (3 unless the entry says otherwise),
+    counted from epoch ``loss_from_epoch`` (0 unless the entry says otherwise: InfoMin's first-epoch loss is
+    scored against a queue that lags behind contracting embeddings; see benchmarks/short_budget.yaml).
     """
-    if name in XFAIL:
-        request.applymarker(pytest.mark.xfail(reason=XFAIL[name], strict=False))
     budget = SHORT_BUDGET[name]
-    test = {"epochs": 4, "limit": 4000, **budget.get("test", {})}  # the entry's test-only budget
+    # the entry's test-only budget
+    test = {"epochs": 4, "limit": 4000, "loss_from_epoch": 0, "loss_window": 3, **budget.get("test", {})}
     raw = {
         "method": {"name": name, **budget.get("method", {})},
         "encoder": {**TINY["encoder"], **budget.get("encoder", {})},
@@ -78,8 +75,9 @@ def test_learning(name, tmp_path, shared_cifar_tar, request):
     }
     fit(resolve(raw), tmp_path / "run", progress=False)
     lines = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
-    losses = [line["loss"] for line in lines if "loss" in line]
+    losses = [line["loss"] for line in lines if "loss" in line and line["epoch"] >= test["loss_from_epoch"]]
     knn = [line["knn_top1"] for line in lines if "knn_top1" in line]
-    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3, losses
+    w = test["loss_window"]
+    assert sum(losses[-w:]) / w < sum(losses[:w]) / w, losses
     print(name, "kNN untrained -> trained:", knn)
     assert knn[-1] > 2 * 0.1 and knn[-1] > knn[0] + 0.01, knn  # twice chance, and above the untrained encoder
