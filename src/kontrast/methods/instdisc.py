@@ -10,15 +10,11 @@ lambda`` adds the paper's proximal term ``lambda |f_i - v_i|^2`` (section 3.4; t
 leaves it out, so 0 here). After the step the batch's bank rows move towards f with momentum 0.5
 and are re-normalised. No gradient reaches the bank.
 
-Three differences from the authors' code, each measured (docs/methods.md, "InstDisc"):
-``z_estimate = "step"`` re-estimates Z by the same Monte Carlo formula (eq. 5) on every step's
-B x m noise scores, instead of once on the first batch (``"once"``, the paper's behaviour): Z
-from the random bank is log n + 0.4, real features push it to log n + 4 within 8 epochs, and the
-stale Z turns the loss into pure repulsion (loss 9 -> 39, kNN below the untrained encoder).
-``head_bn``: an affine-free BN after the linear head; without it an untrained CIFAR ResNet maps
-every image to nearly one unit vector and the bank fills with near-copies (kNN 0.22 -> 0.11).
-The m noise entries are drawn once per step and shared by the batch (uniform draws, same
-expectation), instead of m per image ([B, m, 128] would be 0.5 GB at B = 256).
+Three differences from the authors' code, each measured (docs/methods.md, "InstDisc"): Z is
+re-estimated on every step (``z_estimate = "step"``; ``"once"`` is the paper's fixed first-batch
+estimate, which turns the loss into pure repulsion once the bank holds real features); an
+affine-free BN after the linear head (``head_bn``; without it the bank fills with near-copies);
+the m noise entries are drawn once per step and shared by the batch (same expectation, B x less memory).
 
 CIFAR defaults from the authors' ``cifar.py`` (github.com/zhirongw/lemniscate.pytorch, current
 version; the first release had lr 0.1): tau 0.1, m 4096, 128-d, bank momentum 0.5, SGD lr 0.03 at

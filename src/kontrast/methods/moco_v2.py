@@ -7,12 +7,8 @@ CIFAR-scale defaults, from the authors' CIFAR-10 demo (facebookresearch/moco,
 colab notebook): queue 4096, momentum 0.99, symmetric loss, SGD lr 0.06,
 weight decay 5e-4; shuffling BN emulated with 8 BN groups (see encoders/batchnorm.py).
 
-One deliberate difference from the paper's head: BN after the hidden layer (``proj_bn``,
-as MoCo v3 and SimCLR do). Measured here: without it, a randomly initialised CIFAR ResNet
-maps every image to nearly the same unit vector (embedding std 0.03 vs 0.07), far from the
-random initial queue; the loss is minimised by collapsing (std 0.0026 by step 10) and
-sits at log(K+1) once the queue holds real keys (1 epoch of CIFAR-10: kNN 0.28, below
-the untrained encoder).
+One deliberate difference from the paper's head: BN after the hidden layer (``proj_bn``, as MoCo v3
+and SimCLR do); without it this CIFAR ResNet collapses in its first epoch (docs/methods.md, "MoCo").
 """
 
 from __future__ import annotations

@@ -8,11 +8,8 @@ crop with softmax(scores / τ), τ = 0.1. Optional queue of past global-crop emb
 prototypes get no gradient for the first ``freeze_prototypes_epochs`` epochs.
 CIFAR defaults from solo-learn's CIFAR recipe: 3000 prototypes, queue 3840 from epoch 50,
 prototypes frozen for 2 epochs, LARS lr 0.6 x batch/256, weight decay 1e-6, 10 warm-up epochs.
-Epoch-based switches count finished steps (a checkpointed buffer) against num_samples // batch;
-with num_samples unknown (0) they stay off.
-
-Numerics and short runs (docs/methods.md, "SwAV"): scores, codes and loss in float32 outside
-autocast, Sinkhorn-Knopp in the log domain; ε = 0.05 leaves a barely trained encoder at loss log K.
+Epoch-based switches count finished steps (a checkpointed buffer) against num_samples // batch.
+Scores, codes and loss run in float32, Sinkhorn-Knopp in the log domain (docs/methods.md, "SwAV").
 """
 
 from __future__ import annotations
