@@ -390,6 +390,8 @@ def _channel_vector(values: tuple[float, ...], device: torch.device, dtype: torc
 
 def normalize(images: Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:
     """Per-channel ``(x - mean) / std`` (as torchvision's normalize)."""
-    m = _channel_vector(tuple(mean), images.device, images.dtype)  # [1, C, 1, 1]
-    s = _channel_vector(tuple(std), images.device, images.dtype)  # [1, C, 1, 1]
+    # Compiled, the constants become part of the graph: no cache needed (dynamo would skip it with a warning).
+    vector = _channel_vector.__wrapped__ if torch.compiler.is_compiling() else _channel_vector
+    m = vector(tuple(mean), images.device, images.dtype)  # [1, C, 1, 1]
+    s = vector(tuple(std), images.device, images.dtype)  # [1, C, 1, 1]
     return (images - m) / s
