@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The peer baseline's own environment and data (../shared/bench/README.md), outside the repo.
-#   PEER_VENV (default /root/scratch/peer), PEER_DATA (default /root/scratch/cifar10)
+# The peer baseline's own environment and data (../shared/bench/README.md), under runs/ (git-ignored) unless told.
+#   PEER_VENV (default runs/peer/venv), PEER_DATA (default runs/peer/data),
+#   CIFAR10_TAR (default ../shared/data/cifar10-jpeg.tar.gz beside the repo)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PEER_VENV=${PEER_VENV:-/root/scratch/peer}
-PEER_DATA=${PEER_DATA:-/root/scratch/cifar10}
+PEER_VENV=${PEER_VENV:-runs/peer/venv}
+PEER_DATA=${PEER_DATA:-runs/peer/data}
+CIFAR10_TAR=${CIFAR10_TAR:-../shared/data/cifar10-jpeg.tar.gz}
 [ -x "$PEER_VENV/bin/python" ] || { python3 -m venv "$PEER_VENV" && "$PEER_VENV/bin/pip" install torch==2.14.1 torchvision==0.29.1 lightly; }
-[ -d "$PEER_DATA/cifar10/train" ] || { mkdir -p "$PEER_DATA" && tar -xzf ../shared/data/cifar10-jpeg.tar.gz -C "$PEER_DATA"; }
+[ -d "$PEER_DATA/cifar10/train" ] || { mkdir -p "$PEER_DATA" && tar -xzf "$CIFAR10_TAR" -C "$PEER_DATA"; }
 echo "peer: --peer-python $PEER_VENV/bin/python --peer-data $PEER_DATA/cifar10"

@@ -1,7 +1,10 @@
-"""``kontrast bench``: a fast smoke run of every section with tiny settings, and its JSON output."""
+"""``kontrast bench``: a fast smoke run of every section with tiny settings, and its JSON output; and
+benchmarks/vs_peer.py, which builds the peer comparison and the targets on it (its peer run with a stand-in)."""
 
+import importlib.util
 import json
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,8 +12,20 @@ import torch
 from kontrast.augment import ViewSpec, get_recipe
 from kontrast.bench import BenchOptions, run_bench
 from kontrast.bench.augment import torchvision_pipeline
-from kontrast.cli import main
+from kontrast.cli import build_parser, main
 from kontrast.errors import UserError
+
+
+def _load_vs_peer():
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "vs_peer.py"
+    spec = importlib.util.spec_from_file_location("vs_peer", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["vs_peer"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+vs_peer = _load_vs_peer()
 
 TINY = ["--data", "shapes:96", "--batch", "16", "--threads", "1", "--width", "0.0625",
         "--recipes", "simclr_cifar", "--methods", "simclr,moco_v2", "--aug-seconds", "0.05", "--step-iters", "1",
@@ -35,8 +50,19 @@ def test_bench_json_smoke(tmp_path, capsys):
     train = result["train"]["settings"]["fp32"]["ours"]
     assert train["steps"] == 2 and train["img_per_s"] > 0 and train["peak_rss_mib"] > 0
     assert train["command"].startswith("kontrast train --method simclr")
-    assert "peer skipped" in err and result["train"]["peer_skipped"]  # no --peer-python: said, not failed
-    assert "outside_encoder_simclr" in result["targets"]
+    assert "targets" not in result and "peer" not in result["train"]["settings"]["fp32"]  # this machine alone
+    assert "peer" not in err and not any(line.startswith("target ") for line in err.splitlines())  # no pass/fail
+    targets = vs_peer.judge(result, 0.0625)  # the benchmarks script judges the package's figures
+    assert "outside_encoder_simclr" in targets and targets["augment_vs_torchvision"].split(":")[0] in ("met", "NOT met")
+
+
+def test_bench_data_defaults_to_the_built_in_shapes():
+    """No default path outside the user's own arguments: without --data, the generated shapes."""
+    args = build_parser().parse_args(["bench"])
+    assert args.data == "shapes"
+    from kontrast.bench.options import from_args
+
+    assert from_args(args).data == "shapes" and from_args(args).sections == ("augment", "step", "loss", "train")
 
 
 def test_step_breakdown_of_feature_map_methods(capsys):
@@ -73,12 +99,39 @@ def test_peer_is_run_when_given(tmp_path):
     data = tmp_path / "cifar"
     (data / "train").mkdir(parents=True)
     opts = BenchOptions(sections=("train",), data="shapes:96", batch=16, threads=1, width=0.0625, steps=2,
-                        settings=("fp32",), peer_python=sys.executable, peer_data=str(data),
-                        peer_script=str(peer), workdir=str(tmp_path / "w"), log=lambda *a: None)
-    res = run_bench(opts)["train"]["settings"]["fp32"]
+                        settings=("fp32",), workdir=str(tmp_path / "w"), log=lambda *a: None)
+    res = vs_peer.compare(opts, vs_peer.Peer(sys.executable, str(data), str(peer)))["train"]["settings"]["fp32"]
     assert res["peer"]["img_per_s"] == 10.0
     assert res["ratio"] == round(res["ours"]["img_per_s"] / 10.0, 2)
     assert str(peer) in res["peer"]["command"]
+
+
+def test_vs_peer_without_a_peer_says_so_and_does_not_fail(tmp_path, capsys, monkeypatch):
+    for name in ("PEER_PYTHON", "PEER_CIFAR10", "PEER_SCRIPT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("BENCH_DATA", "shapes:96")  # the script's paths come from arguments or the environment
+    args = ["--sections", "train", "--batch", "16", "--threads", "1", "--width", "0.0625", "--steps", "2",
+            "--settings", "fp32", "--workdir", str(tmp_path), "--json"]
+    assert vs_peer.main(args) == 0
+    out, err = capsys.readouterr()
+    result = json.loads(out)
+    assert "peer skipped: no --peer-python" in err and result["train"]["peer_skipped"]
+    assert result["data"] == "shapes:96" and result["targets"] == {}  # nothing a target needs was measured
+    assert "reproduce: .venv/bin/python benchmarks/vs_peer.py --sections train --data shapes:96" in err
+
+
+def test_vs_peer_argument_checks(capsys, monkeypatch, tmp_path):
+    assert vs_peer.main(["--sections", "nope"]) == 2
+    assert "unknown bench section" in capsys.readouterr().err
+    assert vs_peer.main(["--sections", "loss", "--accuracy", "--accuracy-epochs", "0"]) == 2
+    assert "--accuracy-epochs must be >= 1" in capsys.readouterr().err
+    monkeypatch.setenv("PEER_PYTHON", str(tmp_path / "missing"))
+    monkeypatch.setenv("PEER_SCRIPT", "peer.py")
+    args = vs_peer.build_parser().parse_args([])
+    assert args.peer_python == str(tmp_path / "missing") and args.peer_script == "peer.py"
+    peer = vs_peer.Peer(args.peer_python, None, args.peer_script)
+    assert "does not exist" in peer.ready()
+    assert "--peer-data must be" in vs_peer.Peer(sys.executable, str(tmp_path), "peer.py").ready()
 
 
 def test_torchvision_pipeline_mirrors_the_spec():
@@ -111,13 +164,26 @@ def test_bench_compiled_views_column(capsys):
     result = json.loads(capsys.readouterr().out)
     row = result["augment"]["recipes"][0]
     assert row["compiled_img_per_s"] > 0 and row["compile_s"] > 0 and row["command"].endswith("--compile-views")
-    assert "augment_vs_torchvision_compiled" in result["targets"]
+    assert "augment_vs_torchvision_compiled" in vs_peer.judge(result, 0.0625)
 
 
 def test_accuracy_target_compares_the_fast_default_with_the_peer_and_our_fp32():
-    from kontrast.bench import _targets
-
     acc = {"fp32": {"ours": {"knn_top1": 0.45}, "peer": {"knn_top1": 0.46}}, "bf16_cl": {"ours": {"knn_top1": 0.47}}}
-    assert _targets({"accuracy": {"settings": acc}}, 0.25)["accuracy_at_fast_defaults"].startswith("met")
+    assert vs_peer.judge({"accuracy": {"settings": acc}}, 0.25)["accuracy_at_fast_defaults"].startswith("met")
     acc["bf16_cl"]["ours"]["knn_top1"] = 0.455  # above our fp32, below the peer
-    assert _targets({"accuracy": {"settings": acc}}, 0.25)["accuracy_at_fast_defaults"].startswith("NOT met")
+    assert vs_peer.judge({"accuracy": {"settings": acc}}, 0.25)["accuracy_at_fast_defaults"].startswith("NOT met")
+
+
+def test_speed_targets_are_judged_in_the_benchmarks_script():
+    """The ≥ 8x augmentation, outside-encoder and train-vs-peer targets, the last one lower at full width."""
+    result = {"augment": {"recipes": [{"recipe": "a", "ratio": 9.0}, {"recipe": "b", "ratio": 7.5}]},
+              "step": {"methods": [{"method": "simclr", "outside_encoder": 0.05}, {"method": "byol", "outside_encoder": 0.2},
+                                   {"method": "amdim", "encoder_calls": 0}]},
+              "train": {"ours_best_vs_peer_fp32": 1.5, "ours_best_vs_peer_best": 1.2}}
+    got = vs_peer.judge(result, 0.25)
+    assert got["augment_vs_torchvision"].startswith("NOT met: lowest 7.5x (b)")
+    assert "augment_vs_torchvision_compiled" not in got  # no compiled column measured
+    assert got["outside_encoder_simclr"].startswith("met") and got["outside_encoder_byol"].startswith("NOT met")
+    assert "outside_encoder_amdim" not in got and "outside_encoder_moco_v2" not in got
+    assert got["ours_best_vs_peer_fp32"].startswith("NOT met") and got["ours_best_vs_peer_best"].startswith("NOT met")
+    assert vs_peer.judge(result, 1.0)["ours_best_vs_peer_best"] == "met: 1.2x (target 1.1x)"

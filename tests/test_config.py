@@ -1,5 +1,6 @@
 """Strict config loading, overrides and the recipes in configs/."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,7 @@ def test_method_defaults_apply_under_user_values():
     assert cfg.optim.name == "lars" and cfg.optim.lr == 1.0
     cfg = resolve({"method": {"name": "byol"}, "optim": {"lr": 0.5}})
     assert cfg.optim.name == "lars" and cfg.optim.lr == 0.5
-    assert cfg.method.args["base_momentum"] == 0.99
+    assert cfg.method.params.base_momentum == 0.99
 
 
 def test_resolved_config_round_trips(tmp_path):
@@ -61,7 +62,7 @@ def test_each_method_has_a_recipe_file_stating_its_defaults(name):
     assert path.is_file(), f"missing {path}"
     raw = load_yaml(path)
     from_file, defaults = resolve(raw), resolve({"method": {"name": name}})
-    assert set(raw["method"]) - {"name"} == set(defaults.method.args), "state every method key"
+    assert set(raw["method"]) - {"name"} == {f.name for f in dataclasses.fields(defaults.method.params)}, "state every method key"
     assert from_file.method == defaults.method
     assert from_file.optim == defaults.optim
 

@@ -13,8 +13,9 @@ import pytest
 import torch
 from PIL import Image
 
-from kontrast.data import ImageSet, batch_indices, epoch_permutation, load_images
-from kontrast.data import sources
+from kontrast.data import Samples, batch_indices, epoch_permutation, load_images
+from kontrast.data import decode
+from kontrast.data import folder as folder_source
 from kontrast.errors import UserError
 
 SIZE = 16
@@ -52,14 +53,14 @@ def _make_tar(src: Path, dest: Path, mode: str, arcname: str) -> Path:
     return dest
 
 
-def _load(source, split="train", **kw) -> ImageSet:
+def _load(source, split="train", **kw) -> Samples:
     kw.setdefault("size", SIZE)
     return load_images(str(source), split, **kw)
 
 
-def _check(result: ImageSet, n: int, labelled: bool = True) -> None:
-    assert result.images.dtype == torch.uint8 and result.images.shape == (n, 3, SIZE, SIZE)
-    assert result.images.is_contiguous()
+def _check(result: Samples, n: int, labelled: bool = True) -> None:
+    assert result.x.dtype == torch.uint8 and result.x.shape == (n, 3, SIZE, SIZE)
+    assert result.x.is_contiguous()
     if labelled:
         assert result.labels.dtype == torch.int64 and result.labels.shape == (n,)
     else:
@@ -86,7 +87,7 @@ def test_train_test_folders(split_tree):
     assert train.classes == test.classes == ["a", "b", "c"]
     assert train.labels.tolist() == [0, 0, 0, 1, 1, 2, 2]
     assert test.labels.tolist() == [0, 1, 1]
-    assert train.images[0, :, 0, 0].tolist() == list(_colour(0))  # sorted path order
+    assert train.x[0, :, 0, 0].tolist() == list(_colour(0))  # sorted path order
     assert "split" in train.name and "train" in train.name
 
 
@@ -106,7 +107,7 @@ def test_class_folders_hold_out_every_tenth(tmp_path):
     assert test.labels.tolist() == [0, 1, 1]
     # the 10th (index 9) image of class x, the 10th and 20th of y
     expected = [_colour(9), _colour(109), _colour(119)]
-    assert [tuple(px) for px in test.images[:, :, 0, 0].tolist()] == expected
+    assert [tuple(px) for px in test.x[:, :, 0, 0].tolist()] == expected
 
 
 def test_holdout_with_too_few_images_explains(tmp_path):
@@ -138,7 +139,7 @@ def test_tar_archives_match_the_folder(split_tree, tmp_path, mode, name):
     archive = _make_tar(split_tree, tmp_path / name, mode, arcname="data")
     for split in ("train", "test"):
         from_tar, from_dir = _load(archive, split), _load(split_tree, split)
-        assert torch.equal(from_tar.images, from_dir.images)
+        assert torch.equal(from_tar.x, from_dir.x)
         assert torch.equal(from_tar.labels, from_dir.labels)
         assert from_tar.classes == from_dir.classes
 
@@ -165,7 +166,7 @@ def test_any_mode_and_size_becomes_rgb(tmp_path):
     Image.fromarray(np.full((12, 20), 0x8000, np.uint16)).save(d / "i16.png")
     result = _load(tmp_path / "modes")
     _check(result, 7)
-    by_name = dict(zip(sorted(p.name for p in d.iterdir()), result.images))
+    by_name = dict(zip(sorted(p.name for p in d.iterdir()), result.x))
     assert by_name["l.png"][:, 5, 5].tolist() == [100, 100, 100]
     assert by_name["rgba.png"][:, 5, 5].tolist() == [0, 255, 0]
     assert by_name["p.gif"][:, 5, 5].tolist() == [0, 0, 255]
@@ -177,11 +178,11 @@ def test_any_mode_and_size_becomes_rgb(tmp_path):
 def test_resize_shorter_side_then_centre_crop():
     image = torch.zeros(3, 32, 64, dtype=torch.uint8)  # [3, 32, 64]
     image[:, :, 32:] = 255  # right half white
-    out = sources.fit_image(image, 16)  # keeps columns 16..48 of the original
+    out = decode.fit_image(image, 16)  # keeps columns 16..48 of the original
     assert out.shape == (3, 16, 16)
     assert out[:, :, :7].max() == 0 and out[:, :, 9:].min() == 255
     same = torch.randint(0, 256, (3, 16, 16), dtype=torch.uint8)
-    assert sources.fit_image(same, 16) is same  # already the size: no-op
+    assert decode.fit_image(same, 16) is same  # already the size: no-op
 
 
 @pytest.fixture
@@ -245,7 +246,7 @@ def _refuse_decoding(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("decoded although the cache should hit")
 
-    monkeypatch.setattr(sources, "decode_blobs", fail)
+    monkeypatch.setattr(folder_source, "decode_blobs", fail)
 
 
 def test_second_load_is_a_cache_hit(split_tree, tmp_path, monkeypatch):
@@ -256,7 +257,7 @@ def test_second_load_is_a_cache_hit(split_tree, tmp_path, monkeypatch):
     for split in ("train", "test"):
         again = _load(split_tree, split, cache_dir=cache_dir)
         assert again.classes == first.classes
-    assert torch.equal(_load(split_tree, cache_dir=cache_dir).images, first.images)
+    assert torch.equal(_load(split_tree, cache_dir=cache_dir).x, first.x)
 
 
 def test_cache_dir_from_environment(split_tree, tmp_path, monkeypatch):
@@ -270,8 +271,8 @@ def test_changed_content_misses_the_cache(split_tree, tmp_path):
     before = _load(split_tree, cache_dir=cache_dir)
     _save(split_tree / "train" / "a" / "000.png", (1, 2, 3))
     after = _load(split_tree, cache_dir=cache_dir)
-    assert after.images[0, :, 0, 0].tolist() == [1, 2, 3]
-    assert torch.equal(after.images[1:], before.images[1:])
+    assert after.x[0, :, 0, 0].tolist() == [1, 2, 3]
+    assert torch.equal(after.x[1:], before.x[1:])
 
 
 @pytest.mark.parametrize("damage", ["truncate_tensors", "garbage_json", "flip_a_byte"])
@@ -289,7 +290,7 @@ def test_corrupt_cache_is_rebuilt(split_tree, tmp_path, damage):
             tensors.with_suffix(".json").write_text("{not json")
     with pytest.warns(UserWarning, match="rebuilding"):
         again = _load(split_tree, cache_dir=cache_dir)
-    assert torch.equal(again.images, first.images)
+    assert torch.equal(again.x, first.x)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the rebuilt entry reads cleanly
         _load(split_tree, cache_dir=cache_dir)
@@ -300,6 +301,105 @@ def test_unwritable_cache_only_warns(split_tree, tmp_path):
     blocker.write_text("x")
     with pytest.warns(UserWarning, match="continuing without it"):
         _check(_load(split_tree, cache_dir=blocker), 7)
+
+
+# ---------------------------------------------------------------------------- row paths
+
+
+def _rows_match_files(data: Samples, root: Path) -> None:
+    """Each row's pixels are those of the file its path names (solid colours: one pixel tells)."""
+    for path, image in zip(data.paths, data.x):
+        with Image.open(root / path) as im:
+            assert tuple(image[:, 0, 0].tolist()) == im.convert("RGB").getpixel((0, 0)), path
+
+
+def test_paths_of_train_test_folders(split_tree):
+    train, test = _load(split_tree, "train"), _load(split_tree, "test")
+    assert train.paths == ["train/a/000.png", "train/a/001.png", "train/a/002.png", "train/b/000.png",
+                           "train/b/001.png", "train/c/000.png", "train/c/001.png"]
+    assert test.paths == ["test/a/000.png", "test/b/000.png", "test/b/001.png"]
+    _rows_match_files(train, split_tree)
+    _rows_match_files(test, split_tree)
+
+
+def test_paths_are_relative_to_the_given_root(split_tree, tmp_path):
+    wrapper = tmp_path / "wrapper"
+    wrapper.mkdir()
+    split_tree.rename(wrapper / "cifar")
+    assert _load(wrapper, "test").paths == ["cifar/test/a/000.png", "cifar/test/b/000.png", "cifar/test/b/001.png"]
+
+
+def test_paths_of_the_holdout_split(tmp_path):
+    _make_classes(tmp_path / "cls", {"x": 12, "y": 21})
+    train, test = _load(tmp_path / "cls", "train"), _load(tmp_path / "cls", "test")
+    assert test.paths == ["x/009.png", "y/009.png", "y/019.png"]
+    assert len(train.paths) == 30 and not set(train.paths) & set(test.paths)
+    assert train.paths[:10] == [f"x/{i:03d}.png" for i in (0, 1, 2, 3, 4, 5, 6, 7, 8, 10)]
+    _rows_match_files(train, tmp_path / "cls")
+    _rows_match_files(test, tmp_path / "cls")
+
+
+def test_paths_of_a_flat_folder(tmp_path):
+    for i in range(4):
+        _save(tmp_path / "flat" / f"{i}.png", _colour(i))
+    data = _load(tmp_path / "flat")
+    assert data.paths == ["0.png", "1.png", "2.png", "3.png"]
+    _rows_match_files(data, tmp_path / "flat")
+
+
+def test_paths_of_a_tar_are_member_names(split_tree, tmp_path):
+    archive = _make_tar(split_tree, tmp_path / "t.tar.gz", "w:gz", arcname="data")
+    for split in ("train", "test"):
+        assert _load(archive, split).paths == ["data/" + p for p in _load(split_tree, split).paths]
+
+
+def test_subset_keeps_each_rows_path(split_tree):
+    train = _load(split_tree)
+    sub = train.subset(4, seed=1)
+    assert len(sub.paths) == 4 and len(set(sub.paths)) == 4
+    for path, image, label in zip(sub.paths, sub.x, sub.labels):
+        row = train.paths.index(path)
+        assert torch.equal(image, train.x[row]) and label == train.labels[row]
+    assert sub.paths == train.subset(4, seed=1).paths  # the same rows for the same seed
+    assert train.subset(7) is train and train.subset(0) is train
+
+
+def test_paths_survive_the_cache(split_tree, tmp_path, monkeypatch):
+    cache_dir = tmp_path / "cache"
+    first = {split: _load(split_tree, split, cache_dir=cache_dir) for split in ("train", "test")}
+    _refuse_decoding(monkeypatch)
+    for split, data in first.items():
+        again = _load(split_tree, split, cache_dir=cache_dir)
+        assert again.paths == data.paths and torch.equal(again.x, data.x)
+    archive = _make_tar(split_tree, tmp_path / "t.tar", "w", arcname="data")
+    monkeypatch.undo()
+    from_tar = _load(archive, "test", cache_dir=cache_dir)
+    _refuse_decoding(monkeypatch)
+    assert _load(archive, "test", cache_dir=cache_dir).paths == from_tar.paths == ["data/" + p for p in first["test"].paths]
+
+
+def test_paths_of_skipped_bad_images_are_left_out(bad_tree):
+    with pytest.warns(UserWarning, match="skipped 2"):
+        data = _load(bad_tree, skip_bad_images=True)
+    assert "a/corrupt.png" not in data.paths and "b/truncated.jpg" not in data.paths
+    assert data.paths == ["a/000.png", "a/001.png", "a/002.png", "b/000.png", "b/001.png", "b/002.png",
+                          "b/good0.jpg", "b/good1.jpg"]
+
+
+def test_paths_of_built_in_and_paired_sources(split_tree):
+    shapes = load_images("shapes:10", "test", size=SIZE)
+    assert shapes.paths == ["shapes/test/000000", "shapes/test/000001"]
+    assert load_images("sequences:5").paths == [f"sequences/train/{i:06d}" for i in range(5)]
+    pairs = split_tree / "pairs.jsonl"
+    pairs.write_text('{"image": "train/b/001.png", "caption": "b"}\n{"image": "./train/a/000.png", "caption": "a"}\n')
+    assert load_images(pairs, size=SIZE).paths == ["train/b/001.png", "./train/a/000.png"]  # as written
+
+
+def test_samples_made_by_hand_number_their_rows():
+    data = Samples(torch.zeros(3, 3, 4, 4, dtype=torch.uint8), None, [], "toy")
+    assert data.paths == ["0", "1", "2"] and data.subset(2, seed=0).paths == ["2", "0"]
+    with pytest.raises(ValueError, match="2 paths for 3 rows"):
+        Samples(data.x, None, [], "toy", ["a", "b"])
 
 
 # ---------------------------------------------------------------------------- CIFAR pickles
@@ -353,15 +453,15 @@ def cifar10_dir(tmp_path) -> Path:
 def test_cifar10_pickle_folder(cifar10_dir):
     train = load_images(str(cifar10_dir), "train")
     test = load_images(str(cifar10_dir.parent), "test")  # the parent works too
-    assert train.images.shape == (20, 3, 32, 32) and test.images.shape == (3, 3, 32, 32)
+    assert train.x.shape == (20, 3, 32, 32) and test.x.shape == (3, 3, 32, 32)
     assert train.classes[0] == "airplane" and len(train.classes) == 10
     first = _cifar_batch(4, 1, "labels", 10)
-    assert torch.equal(train.images[:4].flatten(1), torch.from_numpy(first[b"data"]))
+    assert torch.equal(train.x[:4].flatten(1), torch.from_numpy(first[b"data"]))
     assert train.labels[:4].tolist() == first[b"labels"]
     py2 = _cifar_batch(3, 9, "labels", 10)  # test_batch is a Python 2 style pickle
-    assert torch.equal(test.images.flatten(1), torch.from_numpy(py2[b"data"]))
+    assert torch.equal(test.x.flatten(1), torch.from_numpy(py2[b"data"]))
     assert test.labels.tolist() == py2[b"labels"]
-    assert load_images(str(cifar10_dir), "test", size=SIZE).images.shape == (3, 3, SIZE, SIZE)
+    assert load_images(str(cifar10_dir), "test", size=SIZE).x.shape == (3, 3, SIZE, SIZE)
 
 
 def test_cifar100_pickle_folder(tmp_path):
@@ -371,14 +471,14 @@ def test_cifar100_pickle_folder(tmp_path):
     names = [f"class{i}".encode() for i in range(100)]
     _write_pickle(folder / "meta", {b"fine_label_names": names, b"coarse_label_names": []})
     test = load_images(str(folder), "test")
-    assert test.images.shape == (2, 3, 32, 32) and len(test.classes) == 100
+    assert test.x.shape == (2, 3, 32, 32) and len(test.classes) == 100
     assert test.labels.tolist() == _cifar_batch(2, 2, "fine_labels", 100)[b"fine_labels"]
 
 
 def test_official_cifar_tarball(cifar10_dir, tmp_path):
     archive = _make_tar(cifar10_dir, tmp_path / "cifar-10-python.tar.gz", "w:gz",
                         arcname="cifar-10-batches-py")  # fmt: skip
-    assert torch.equal(load_images(str(archive)).images, load_images(str(cifar10_dir)).images)
+    assert torch.equal(load_images(str(archive)).x, load_images(str(cifar10_dir)).x)
 
 
 class _Exploit:
@@ -403,6 +503,14 @@ def test_garbage_pickle_is_a_user_error(cifar10_dir):
     (cifar10_dir / "test_batch").write_bytes(b"\x80\x02garbage")
     with pytest.raises(UserError, match="test_batch"):
         load_images(str(cifar10_dir), "test")
+
+
+def test_cifar_rows_are_named_by_batch_file_and_row(cifar10_dir, tmp_path):
+    train, test = load_images(str(cifar10_dir), "train"), load_images(str(cifar10_dir), "test")
+    assert train.paths == [f"data_batch_{b}/{i}" for b in range(1, 6) for i in range(4)]
+    assert test.paths == ["test_batch/0", "test_batch/1", "test_batch/2"]
+    archive = _make_tar(cifar10_dir, tmp_path / "cifar-10-python.tar.gz", "w:gz", arcname="cifar-10-batches-py")
+    assert load_images(str(archive), "test").paths == test.paths
 
 
 # ---------------------------------------------------------------------------- batches
@@ -437,6 +545,6 @@ def test_batch_larger_than_dataset():
 @pytest.mark.shared_data
 def test_real_cifar10_jpeg_archive(shared_cifar_tar, tmp_path):
     test = load_images(str(shared_cifar_tar), "test", cache_dir=tmp_path)
-    assert test.images.shape == (10000, 3, 32, 32) and test.images.dtype == torch.uint8
+    assert test.x.shape == (10000, 3, 32, 32) and test.x.dtype == torch.uint8
     assert len(test.classes) == 10 and test.classes[0] == "airplane"
     assert test.labels.bincount().tolist() == [1000] * 10

@@ -119,15 +119,15 @@ def test_prescan_names_exactly_the_bad_files(hostile):
     assert named_files(message) == BAD
     with pytest.warns(UserWarning, match=f"skipped {len(BAD)} unreadable"):
         data = load_images(str(hostile), size=16, skip_bad_images=True)
-    assert data.images.shape == (2 * GOOD_PER_CLASS + 1, 3, 16, 16)  # + the outside link
-    assert data.images.dtype == torch.uint8 and data.classes == ["a", "b"]  # c (empty) and d (hidden) are no classes
+    assert data.x.shape == (2 * GOOD_PER_CLASS + 1, 3, 16, 16)  # + the outside link
+    assert data.x.dtype == torch.uint8 and data.classes == ["a", "b"]  # c (empty) and d (hidden) are no classes
     assert data.labels.bincount().tolist() == [GOOD_PER_CLASS - 4 + 4, GOOD_PER_CLASS - 4 + 4 + 1]
 
 
 def test_each_bad_file_has_its_own_reason(hostile):
-    from kontrast.data import sources
+    from kontrast.data.folder import FolderReader
 
-    src = sources._open_source(hostile)
+    src = FolderReader(hostile)
     built = src.build(16)
     reasons = dict(built["train"].bad_images)
     assert set(reasons) == {f"train/{name}" for name in BAD} and not built["test"].bad_images

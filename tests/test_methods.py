@@ -9,9 +9,10 @@ import yaml
 from safetensors.torch import save
 
 from kontrast.methods import METHODS
+from kontrast.methods.base import Progress
 from kontrast.methods.build import create_method, resolve, view_specs
 from kontrast.augment import make_views
-from kontrast.data import ImageSet
+from kontrast.data import Samples
 from kontrast.train.loop import fit
 
 TINY = {"encoder": {"name": "resnet18", "width": 0.125}}
@@ -25,10 +26,10 @@ def test_smoke_step(name):
     method = create_method(cfg, num_samples=8)  # a dataset of 8 images (sizes per-sample state)
     assert method.description and method.recipe
     images = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
-    method.bind_data(ImageSet(images, torch.arange(8) % 2, ["cat", "dog"], "smoke"))  # as the loop does (CLIP's captions)
+    method.bind_data(Samples(images, torch.arange(8) % 2, ["cat", "dog"], "smoke"))  # as the loop does (CLIP's captions)
     views = make_views(images, view_specs(cfg, method), torch.Generator().manual_seed(0))
     before = [p.detach().clone() for p in method.parameters()]
-    out = method.training_step(views, torch.arange(8))
+    out = method.training_step(views, torch.arange(8), Progress(step=0, epoch=0, total_steps=2, steps_per_epoch=1))
     assert out["loss"].ndim == 0 and torch.isfinite(out["loss"])
     out["loss"].backward()
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in method.encoder.parameters())
@@ -36,7 +37,7 @@ def test_smoke_step(name):
         for p in method.parameters():
             if p.grad is not None:
                 p.sub_(0.1 * p.grad)
-    method.after_step(0.5)
+    method.after_step(out, Progress(step=1, epoch=0, total_steps=2, steps_per_epoch=1))  # half of the run done
     assert any(not torch.equal(a, b) for a, b in zip(before, method.parameters()))
     save(dict(method.state_dict()))  # checkpointable: no shared tensors
 

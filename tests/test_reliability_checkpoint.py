@@ -165,7 +165,7 @@ def test_pickle_in_place_of_a_checkpoint_is_refused(run, tmp_path, capsys):
 
 
 def test_nothing_in_the_library_unpickles():
-    """Static guard: the only unpickler is the restricted CIFAR one (data/sources.py, _ArrayUnpickler)."""
+    """Static guard: the only unpickler is the restricted CIFAR one (data/cifar.py, _ArrayUnpickler)."""
     risky = re.compile(r"pickle\.loads?\(|(?<!safetensors\.)torch\.load\(|allow_pickle\s*=\s*True|pickle\.Unpickler|\bdill\b|joblib\.load")
     found = []
     for path in SRC.rglob("*.py"):

@@ -15,13 +15,13 @@ import torch.nn as nn
 from safetensors.torch import load_file
 
 from kontrast.augment import SampleRNG, derive_key, get_recipe, make_views
-from kontrast.augment import ops
+from kontrast.augment import ops, sampling
 from kontrast.augment.rng import mix32
 from kontrast.cli import main
-from kontrast.config import _section, checked
+from kontrast.config import checked, parse_section
 from kontrast.errors import UserError
 from kontrast.losses.infonce import info_nce, moco_loss, nt_xent
-from kontrast.train.loop import NonFiniteGuard
+from kontrast.train.guards import NonFiniteGuard
 
 
 def train_args(out: Path, *extra: str, method: str = "simclr") -> list[str]:
@@ -205,11 +205,11 @@ def test_checked_fields_and_validate_work_for_any_params():
         mode: str = checked("a", choices=("a", "b"))
         dims: tuple[int, int] = checked((4, 8), ge=1)
 
-    assert _section(Params, {"tau": 1}, "method").tau == 1.0
+    assert parse_section(Params, {"tau": 1}, "method").tau == 1.0
     for values, message in [({"tau": 0.0}, "'method.tau' must be > 0"), ({"mode": "c"}, "one of a, b"),
                             ({"dims": [4, 0]}, "'method.dims' must be >= 1"), ({"dims": [4.5, 1]}, "must be int")]:
         with pytest.raises(UserError, match=message):
-            _section(Params, values, "method")
+            parse_section(Params, values, "method")
 
 
 # ------------------------------------------------------------------------------------ augmentation randomness
@@ -286,7 +286,7 @@ def test_sampling_functions_accept_the_per_sample_source():
     boxes = ops.sample_resized_crop(2000, 32, 32, (0.08, 1.0), (3 / 4, 4 / 3), rng)
     area = boxes[:, 2] * boxes[:, 3] / 1024
     assert float(area.min()) >= 0.07 and float(area.max()) <= 1.0 and 0.45 < float(area.mean()) < 0.6
-    assert abs(float(ops.sample_mask(2000, 0.5, rng).float().mean()) - 0.5) < 0.04
+    assert abs(float(sampling.sample_mask(2000, 0.5, rng).float().mean()) - 0.5) < 0.04
     with pytest.raises(ValueError, match="batch size"):
         rng.rand((3, 2))
 
@@ -295,7 +295,7 @@ def test_sampling_functions_accept_the_per_sample_source():
 
 
 def test_collapse_monitor_warns_once_after_a_sustained_window():
-    from kontrast.train.loop import CollapseMonitor
+    from kontrast.train.guards import CollapseMonitor
 
     m = CollapseMonitor(threshold=0.01, window=30)
     assert [m.update(s, 0.05) for s in (10, 20)] == [None, None]

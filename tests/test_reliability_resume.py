@@ -3,7 +3,7 @@ mid-epoch, a crash while a checkpoint is half written. Each interrupted run, res
 processes, must end bit for bit where the uninterrupted run ends (weights, optimizer, loss per
 step), and see every sample exactly once per epoch.
 
-Faults are injected with ``KONTRAST_FAULTS`` (kontrast/faults.py): the process signals or
+Faults are injected with ``KONTRAST_FAULTS`` (kontrast/train/faults.py): the process signals or
 SIGKILLs itself after a chosen step, which is what an outside ``kill`` does, at a known step.
 """
 

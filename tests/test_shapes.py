@@ -78,9 +78,9 @@ def test_raw_pixel_knn_is_poor():
 def test_load_images_shapes_splits(tmp_path):
     train = load_images("shapes:50", "train", cache_dir=tmp_path)
     test = load_images("shapes:50", "test", cache_dir=tmp_path, size=16)
-    assert train.images.shape == (50, 3, 32, 32) and test.images.shape == (10, 3, 16, 16)
+    assert train.x.shape == (50, 3, 32, 32) and test.x.shape == (10, 3, 16, 16)
     assert train.classes == list(SHAPE_CLASSES) and "shapes" in train.name
-    assert not torch.equal(train.images[:10, :, :16, :16], test.images)  # different seeds
+    assert not torch.equal(train.x[:10, :, :16, :16], test.x)  # different seeds
     assert list(tmp_path.iterdir()) == []  # generated, never cached
 
 

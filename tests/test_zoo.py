@@ -207,6 +207,13 @@ def test_nce_loss_matches_formula(n):
     assert nce_loss(pos, noise, log_z, n).item() == pytest.approx(naive_nce(pos, noise, z, n), rel=1e-5)
 
 
+def _after(step):
+    """The progress ``after_step`` gets after ``step`` finished steps (instdisc reads none of it)."""
+    from kontrast.methods.base import Progress
+
+    return Progress(step=step, epoch=0, total_steps=10, steps_per_epoch=10)
+
+
 def _instdisc(num_samples=16, **params):
     from kontrast.methods.build import create_method, resolve
 
@@ -227,8 +234,9 @@ def test_instdisc_updates_the_bank_after_the_step_and_keeps_z_once():
     assert method.bank.items.grad is None and not method.bank.items.requires_grad  # no gradient to the bank
     assert torch.equal(method.bank.items, before)  # nothing changes before after_step
     log_z = method.log_z.clone()
-    f = method._pending[1]
-    method.after_step(0.1)
+    f = out["features"]  # [B, D] what after_step moves the bank rows out["indices"] towards
+    assert torch.equal(out["indices"], idx)
+    method.after_step(out, _after(1))
     want = F.normalize(0.5 * before[idx] + 0.5 * f, dim=1)
     assert torch.allclose(method.bank.items[idx], want, atol=1e-6)
     rest = torch.ones(16, dtype=torch.bool)
@@ -248,13 +256,13 @@ def test_instdisc_step_loss_matches_formula_with_z_from_this_steps_noise():
         torch.manual_seed(10 + step)
         torch.randn(4, 3, 32, 32)
         noise = method.bank.items[method.bank.sample(8)].double()  # the step's draw, replayed
-        f, v = method._pending[1].double(), method.bank.items[idx].double()
+        f, v = out["features"].double(), method.bank.items[idx].double()
         pos, neg = (f * v).sum(1) / tau, f @ noise.T / tau
         z = n * neg.exp().mean().item()  # eq. 5 on this step's scores
         assert method.log_z.item() == pytest.approx(math.log(z), abs=1e-5)
         assert out["loss"].item() == pytest.approx(naive_nce(pos, neg, z, n), rel=1e-5)
         assert out["pos_sim"].item() == pytest.approx((f * v).sum(1).mean().item(), abs=1e-6)
-        method.after_step(0.5)
+        method.after_step(out, _after(step + 1))
 
 
 def test_instdisc_proximal_term_and_missing_indices():
@@ -266,8 +274,9 @@ def test_instdisc_proximal_term_and_missing_indices():
     torch.manual_seed(1)
     a = plain.training_step(views, idx)["loss"]
     torch.manual_seed(1)
-    b = prox.training_step(views, idx)["loss"]
-    f, v = prox._pending[1], prox.bank.items[idx]
+    out = prox.training_step(views, idx)
+    b = out["loss"]
+    f, v = out["features"], prox.bank.items[idx]
     assert b.item() == pytest.approx(a.item() + 30.0 * ((f - v) ** 2).sum(1).mean().item(), rel=1e-5)
     with pytest.raises(UserError, match="index"):
         _instdisc().training_step(views, None)
@@ -377,8 +386,8 @@ def _simsiam_std_trace(stop_gradient: bool, steps: int = 200, dim: int = 64) -> 
     g = torch.Generator().manual_seed(0)
     trace = []
     for _ in range(steps):
-        idx = torch.randint(0, len(data.images), (32,), generator=g)
-        out = method.training_step(make_views(data.images[idx], specs, g))
+        idx = torch.randint(0, len(data.x), (32,), generator=g)
+        out = method.training_step(make_views(data.x[idx], specs, g))
         opt.zero_grad()
         out["loss"].backward()
         opt.step()

@@ -13,7 +13,7 @@ from PIL import Image
 
 from kontrast.augment import get_recipe, make_views
 from kontrast.cli import main
-from kontrast.data import ImageSet, load_images
+from kontrast.data import Samples, load_images
 from kontrast.data.captions import TEMPLATES, captions_from_labels
 from kontrast.encoders.multicrop import encode_views
 from kontrast.encoders.text import EOT, PAD, TextTransformer, detokenize, tokenize
@@ -21,6 +21,7 @@ from kontrast.errors import UserError
 from kontrast.evaluate.zeroshot import zeroshot_top1
 from kontrast.losses.swav import sinkhorn, swapped_prediction
 from kontrast.losses.symmetric import symmetric_info_nce
+from kontrast.methods.base import Progress
 from kontrast.methods.build import create_method, resolve, view_specs
 
 TINY = {"encoder": {"name": "resnet18", "width": 0.125}}
@@ -141,8 +142,13 @@ def test_encode_views_groups_by_size_and_keeps_order():
         torch.testing.assert_close(encode_views(enc, views), torch.cat([enc(v) for v in views]), atol=1e-5, rtol=0)
 
 
-def _step(method, views):
-    out = method.training_step(views, torch.arange(8))
+def _progress(step):
+    """Where a run over _swav's 16 samples at batch 8 is after ``step`` finished steps: 2 steps per epoch."""
+    return Progress(step=step, epoch=step // 2, total_steps=10, steps_per_epoch=2)
+
+
+def _step(method, views, step):
+    out = method.training_step(views, torch.arange(8), _progress(step))
     method.zero_grad(set_to_none=True)
     out["loss"].backward()
     grad = method.prototypes.weight.grad
@@ -150,7 +156,7 @@ def _step(method, views):
         for p in method.parameters():
             if p.grad is not None:
                 p.sub_(0.01 * p.grad)
-    method.after_step(0.0)
+    method.after_step(out, _progress(step + 1))
     return out, grad
 
 
@@ -158,11 +164,25 @@ def test_prototypes_frozen_for_the_first_epoch_then_trained_and_kept_unit():
     _, method = _swav(freeze_prototypes_epochs=1.0, queue_size=0)
     views = [torch.randn(8, 3, 32, 32)] * 2 + [torch.randn(8, 3, 16, 16)] * 2
     for step in range(4):  # 2 steps per epoch: frozen at steps 0 and 1
-        out, grad = _step(method, views)
+        out, grad = _step(method, views, step)
         assert (grad is None) == (step < 2), step
         assert out["prototypes_frozen"].item() == float(step < 2)
         torch.testing.assert_close(method.prototypes.weight.norm(dim=1), torch.ones(12), atol=1e-6, rtol=0)
-    assert int(method.steps) == 4 and "steps" in method.state_dict()  # checkpointed with the weights
+    assert "steps" not in method.state_dict()  # no counter of its own: the epoch comes from progress
+    assert method.training_step(views, torch.arange(8))["prototypes_frozen"].item() == 1.0  # no progress: epoch 0
+
+
+def test_swav_loads_a_checkpoint_with_the_retired_step_counter(tmp_path):
+    """Checkpoints of older versions hold SwAV's ``steps`` buffer; loading drops it."""
+    from kontrast.checkpoint import load_weights, save_checkpoint
+
+    _, old = _swav(queue_size=0)
+    old.register_buffer("steps", torch.tensor(4))  # what the old SwAV kept
+    opt = torch.optim.SGD(old.parameters(), lr=0.1)
+    ckpt = save_checkpoint(tmp_path, old, opt, {"step": 4})
+    _, new = _swav(queue_size=0)
+    load_weights(ckpt, new)
+    assert all(torch.equal(a, b) for a, b in zip(new.parameters(), old.parameters()))
 
 
 def test_queue_fills_from_its_start_epoch_and_then_joins_sinkhorn():
@@ -170,12 +190,12 @@ def test_queue_fills_from_its_start_epoch_and_then_joins_sinkhorn():
     views = [torch.randn(8, 3, 32, 32) for _ in range(2)] + [torch.randn(8, 3, 16, 16)]
     pushed = []
     for step in range(5):
-        method.training_step(views, torch.arange(8))
-        keys = method._keys
+        out = method.training_step(views, torch.arange(8), _progress(step))
+        keys = out.get("keys")  # [2, 8, D]: the global crops' embeddings, for the queues
         assert (keys is None) == (step < 2), step  # epoch 0 (steps 0, 1): no queue yet
         if keys is not None:
             pushed.append(keys.clone())
-        method.after_step(0.0)
+        method.after_step(out, _progress(step + 1))
     assert [int(q.filled) for q in method.queues] == [16, 16]  # 8 x 3 rows pushed into each, 16 kept
     for a, queue in enumerate(method.queues):  # FIFO of 16 rows: step 4's keys overwrote step 2's
         torch.testing.assert_close(queue.items, torch.cat([pushed[2][a], pushed[1][a]]), atol=0, rtol=0)
@@ -298,22 +318,22 @@ def test_clip_temperature_init_and_clamp():
     assert math.isclose(method.logit_scale.exp().item(), 1 / 0.07, rel_tol=1e-6)
     with torch.no_grad():
         method.logit_scale.fill_(10.0)
-    method.after_step(0.5)
+    method.after_step({}, Progress(step=1, epoch=0, total_steps=2, steps_per_epoch=1))
     assert math.isclose(method.logit_scale.exp().item(), 100.0, rel_tol=1e-5)
 
 
 def test_clip_binds_captions_or_makes_them_from_labels():
     _, method = _clip()
     images = torch.zeros(4, 3, 32, 32, dtype=torch.uint8)
-    note = method.bind_data(ImageSet(images, torch.tensor([0, 1, 1, 0]), ["cat", "pickup_truck"], "toy"))
+    note = method.bind_data(Samples(images, torch.tensor([0, 1, 1, 0]), ["cat", "pickup_truck"], "toy"))
     assert "class names" in note and "label" in note
     texts = detokenize(method.tokens)
     assert all(("cat" in t) != ("pickup truck" in t) for t in texts) and "pickup truck" in texts[1]
     assert all(any(t == tpl.format(c) for tpl in TEMPLATES for c in ("cat", "pickup truck")) for t in texts)
-    method.bind_data(ImageSet(images, None, [], "pairs", ["one", "two", "three", "four"]))
+    method.bind_data(Samples(images, None, [], "pairs", captions=["one", "two", "three", "four"]))
     assert detokenize(method.tokens) == ["one", "two", "three", "four"]
     with pytest.raises(UserError, match="captions"):
-        method.bind_data(ImageSet(images, None, [], "flat"))
+        method.bind_data(Samples(images, None, [], "flat"))
     with pytest.raises(UserError, match="bind_data"):
         _clip()[1].training_step([torch.randn(4, 3, 32, 32)], torch.arange(4))
 
@@ -342,9 +362,9 @@ class _ToyImageText(nn.Module):
 def test_zeroshot_classifies_by_the_nearest_prompt_embedding():
     labels = torch.tensor([0, 1, 2, 2, 1])
     images = (labels.view(-1, 1, 1, 1) * 25.5).round().to(torch.uint8).expand(-1, 3, 8, 8).contiguous()
-    test = ImageSet(images, labels, _ToyImageText.classes, "toy")
+    test = Samples(images, labels, _ToyImageText.classes, "toy")
     assert zeroshot_top1(_ToyImageText(), test, mean=(0, 0, 0), std=(1, 1, 1)) == 1.0
-    wrong = ImageSet(images, torch.tensor([1, 2, 0, 0, 2]), _ToyImageText.classes, "toy")
+    wrong = Samples(images, torch.tensor([1, 2, 0, 0, 2]), _ToyImageText.classes, "toy")
     assert zeroshot_top1(_ToyImageText(), wrong, mean=(0, 0, 0), std=(1, 1, 1)) == 0.0
 
 

@@ -84,33 +84,10 @@ def _diagnose_args(sub) -> None:
 
 
 def _bench_args(sub) -> None:
-    p = sub.add_parser("bench", help="speed figures: augmentation, per-step breakdown, loss, training vs the peer")
-    p.add_argument("--sections", type=_csv(str), help="comma list of: augment,step,loss,train (default: all)")
-    p.add_argument("--data", help="training source (default: ../shared/data/cifar10-jpeg.tar.gz, else shapes)")
-    p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--encoder", default="resnet18")
-    p.add_argument("--width", type=float, default=0.25)
-    p.add_argument("--threads", type=int, default=0, help="torch threads per process (default: all CPUs)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--recipes", type=_csv(str), help="augment: comma list of recipes (default: all)")
-    p.add_argument("--methods", type=_csv(str), help="step: comma list of methods (default: all image methods)")
-    p.add_argument("--aug-seconds", type=float, default=2.0, help="augment: seconds per measurement")
-    p.add_argument("--step-iters", type=int, default=3, help="step: timed steps per method")
-    p.add_argument("--step-setting", choices=["fp32", "bf16_cl"], default="bf16_cl")
-    p.add_argument("--loss-batches", type=_csv(int), help="loss: comma list of batch sizes")
-    p.add_argument("--steps", type=int, default=30, help="train: steps per end-to-end run")
-    p.add_argument("--settings", type=_csv(str),
-                   help="train: comma list of fp32,bf16_cl,bf16_cl_compile (default: fp32,bf16_cl)")
-    p.add_argument("--compile-views", action="store_true",
-                   help="augment: also time the view pipeline under torch.compile (train.compile's)")
-    p.add_argument("--peer-python", help="python of the peer's venv (../shared/bench/README.md); no peer without it")
-    p.add_argument("--peer-data", help="the extracted CIFAR-10 folder (train/, test/) the peer reads")
-    p.add_argument("--peer-script", default="../shared/bench/lightly_simclr.py")
-    p.add_argument("--accuracy", action="store_true", help="also kNN top-1 after --accuracy-epochs, ours and peer")
-    p.add_argument("--accuracy-epochs", type=int, default=5)
-    p.add_argument("--workdir", help="folder for run directories and logs (default: a new temporary folder)")
-    p.add_argument("--timeout", type=float, help="seconds each subprocess run may take (default 3600)")
-    p.add_argument("--json", action="store_true", help="print all figures as one JSON object (progress on stderr)")
+    from kontrast.bench.options import add_arguments
+
+    p = sub.add_parser("bench", help="this machine's speed: augmentation, per-step breakdown, loss, training images/s")
+    add_arguments(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -166,10 +143,11 @@ def _run(args) -> int:
             print(f"{name:10s} {METHODS.get(name).description}")
         return 0
     if args.command == "train":
+        from kontrast.train.faults import Faults
         from kontrast.train.loop import fit
 
         summary = fit(_train_config(args), args.out, resume=args.resume, overwrite=args.overwrite,
-                      progress=not args.no_progress)
+                      progress=not args.no_progress, faults=Faults.from_env())
         print(json.dumps(summary))
         return 0
     if args.command == "eval":
@@ -206,10 +184,10 @@ def _run(args) -> int:
             print(json.dumps(result))
         return 0
     if args.command == "bench":
-        from kontrast.bench import BenchOptions, main_json, run_bench
+        from kontrast.bench import main_json, run_bench
+        from kontrast.bench.options import from_args
 
-        given = {k: v for k, v in vars(args).items() if v is not None and k not in ("command", "json")}
-        opts = BenchOptions(**{k.replace("-", "_"): tuple(v) if isinstance(v, list) else v for k, v in given.items()})
+        opts = from_args(args)
         main_json(opts) if args.json else run_bench(opts)
         return 0
     if args.command == "demo":

@@ -1,13 +1,15 @@
 """Run configuration: frozen dataclasses, strict loading, ``key=value`` overrides.
 
-Resolution order (later wins): dataclass defaults -> the method's own defaults
+This module is the schema: the sections, strict parsing of each (:func:`parse_section`), YAML and
+``--set`` input, and the dump saved beside each run. Resolution, the one function that turns a user's
+nested dict into a :class:`Config` (the method's own defaults under the user's values, the method's
+typed ``Params``, checks that span sections), is :func:`kontrast.methods.build.resolve`, used by the
+CLI and the Python API alike. Order (later wins): dataclass defaults -> the method's own defaults
 (``Method.defaults``) -> ``--config FILE`` -> CLI flags -> ``--set key=value``.
 Every unknown key is an error, every value is checked against its type and, where a field
 is declared with :func:`checked`, its range or choices, so a bad value fails before any work
-with one line naming the key. Method ``Params`` use the same mechanism (see :func:`checked`
-and :func:`check_fields`); a ``validate(self, cfg)`` method on Params adds checks that span
-sections (e.g. MoCo's queue against the batch size). The resolved config is saved beside
-each run.
+with one line naming the key. Method ``Params`` use the same mechanism; a ``validate(self, cfg)``
+method on Params adds checks that span sections (e.g. MoCo's queue against the batch size).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any, Literal, Mapping, Union, get_args, get_origin, get_type_
 import yaml
 
 from kontrast.errors import UserError
+from kontrast.precision import PRECISIONS
 
 _BOUNDS = {"gt": (">", lambda v, b: v > b), "ge": (">=", lambda v, b: v >= b),
            "lt": ("<", lambda v, b: v < b), "le": ("<=", lambda v, b: v <= b)}
@@ -83,7 +86,7 @@ class EncoderConfig:
 
 
 @dataclass(frozen=True)
-class OptimConfig:
+class OptimConfig:  # fallbacks: each method states its recipe's optimizer in Method.defaults
     name: str = checked("sgd", choices=("sgd", "lars", "adamw"))
     lr: float = checked(0.06, gt=0)  # per `lr_batch` images; scaled linearly with batch size
     lr_batch: int = checked(256, ge=1)
@@ -100,7 +103,7 @@ class TrainConfig:
     epochs: int = checked(10, ge=1)
     batch_size: int = checked(256, ge=2)  # contrastive losses need at least one other sample
     seed: int = checked(0, ge=0)
-    precision: str = checked("fp32", choices=("fp32", "bf16"))  # bf16 = autocast
+    precision: str = checked("fp32", choices=PRECISIONS)  # bf16 = autocast (kontrast.precision)
     channels_last: bool = False
     compile: bool = False  # torch.compile the encoder and the view pipeline (docs/performance.md §6; the first step compiles for minutes)
     device: str = checked("auto", pattern=r"auto|cpu|cuda(:\d+)?|mps")
@@ -127,7 +130,7 @@ class EvalConfig:
 @dataclass(frozen=True)
 class MethodConfig:
     name: str = "simclr"
-    args: Mapping[str, Any] = field(default_factory=dict)  # the method's own Params
+    params: Any = None  # the method's own typed Params (a frozen dataclass); set by resolve()
 
 
 @dataclass(frozen=True)
@@ -185,7 +188,8 @@ def _coerce(value: Any, typ: Any, key: str) -> Any:
     return value
 
 
-def _section(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
+def parse_section(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
+    """``cls(**values)`` with every key known and every value of its declared type and range."""
     hints = get_type_hints(cls)
     known = {f.name for f in fields(cls)}
     for key in values:
@@ -246,8 +250,12 @@ def load_yaml(path: str | Path) -> dict:
     return data
 
 
-def build_config(raw: Mapping[str, Any]) -> Config:
-    """Strictly turn a nested dict into a :class:`Config` (unknown keys are errors)."""
+def build_config(raw: Mapping[str, Any], params: type | None = None) -> Config:
+    """Strictly turn a nested dict into a :class:`Config` (unknown keys are errors).
+
+    ``params``: the method's Params dataclass, which parses the method section's keys; without
+    it the method section may hold only ``name`` (the schema alone: use ``resolve`` for a run).
+    """
     for key in raw:
         if key not in SECTIONS:
             raise UserError(f"unknown config section {key!r}; known: {', '.join(SECTIONS)}")
@@ -256,23 +264,29 @@ def build_config(raw: Mapping[str, Any]) -> Config:
         values = dict(raw.get(name) or {})
         if name == "method":
             method_name = values.pop("name", MethodConfig.name)
-            kwargs[name] = MethodConfig(name=method_name, args=values)
+            if params is None and values:
+                raise UserError(f"method keys {', '.join(sorted(values))} need the method's parameters; "
+                                "build the config with kontrast.methods.build.resolve")
+            kwargs[name] = MethodConfig(method_name, parse_section(params, values, name) if params else None)
         else:
-            kwargs[name] = _section(cls, values, name)
+            kwargs[name] = parse_section(cls, values, name)
     return Config(**kwargs)
 
 
+def _plain(values: dict) -> dict:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
+
+
 def to_dict(cfg: Config) -> dict:
-    """Plain nested dict (method args flattened into the method section)."""
+    """Plain nested dict (the method's params flattened into the method section)."""
     out = {}
     for f in fields(cfg):
         section = getattr(cfg, f.name)
         if f.name == "method":
-            out["method"] = {"name": section.name, **dict(section.args)}
+            params = dataclasses.asdict(section.params) if section.params is not None else {}
+            out["method"] = {"name": section.name, **_plain(params)}
         else:
-            out[f.name] = {
-                k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(section).items()
-            }
+            out[f.name] = _plain(dataclasses.asdict(section))
     return out
 
 

@@ -1,4 +1,9 @@
-"""One registry type for encoders, methods and data sources (timm-style ``create_*``)."""
+"""The registries of encoders, methods and data sources (timm-style ``create_*``).
+
+The registries live here, below the rooms that fill them: a module registers itself with
+``@ENCODERS.register("name")`` importing only this file, and the room's ``__init__`` imports its
+modules, so no module imports the package that imports it.
+"""
 
 from __future__ import annotations
 
@@ -36,3 +41,8 @@ class Registry(Generic[T]):
 
     def __contains__(self, name: str) -> bool:
         return name in self._items
+
+
+ENCODERS: Registry = Registry("encoder")
+METHODS: Registry = Registry("method")
+SOURCES: Registry = Registry("data source")  # kontrast.data.samples.SourceKind entries

@@ -13,11 +13,12 @@ softmax ignores: Gaussian-kernel InfoNCE *is* cosine InfoNCE there.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
+
+from kontrast.precision import at_least_float32, float32
 
 
 def dot(anchors: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
@@ -32,23 +33,27 @@ def cosine(anchors: torch.Tensor, candidates: torch.Tensor, temperature: float =
     bf16): a small tau amplifies rounding (measured at tau 0.01: 2e-3 relative loss error in
     bf16, 1e-7 in fp32; tests/test_reliability_guards.py).
     """
-    with _fp32(anchors):
+    with float32(anchors):
         a = F.normalize(anchors.float(), dim=1)  # [N, D]
         c = F.normalize(candidates.float(), dim=1)  # [M, D]
         return a @ c.T / temperature  # [N, M]
 
 
-def _fp32(x: torch.Tensor):
-    """Autocast switched off for ``x``'s device while a score is computed (a no-op when it is off)."""
-    device = x.device.type
-    if device in ("cpu", "cuda") and torch.is_autocast_enabled(device):
-        return torch.autocast(device, enabled=False)
-    return contextlib.nullcontext()
-
-
 def paired_cosine(a: torch.Tensor, b: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """Row-wise cosine of matching rows: ``[N, D], [N, D] -> [N]``."""
     return F.cosine_similarity(a.float(), b.float(), dim=1) / temperature  # [N]
+
+
+def moco_scores(q: torch.Tensor, k: torch.Tensor, queue: torch.Tensor, temperature: float) -> torch.Tensor:
+    """MoCo's logits (He et al. 2020, https://arxiv.org/abs/1911.05722, Algorithm 1): ``[B, 1+K]``.
+
+    Column 0: each query against the key of its own image, ``cos(q_i, k_i) / tau`` (``l_pos``);
+    columns 1..K: against every queued key, ``cos(q_i, queue_j) / tau`` (``l_neg``).
+    q, k: [B, D] queries and keys; queue: [K, D].
+    """
+    l_pos = paired_cosine(q, k, temperature)[:, None]  # [B, 1]
+    l_neg = cosine(q, queue, temperature)  # [B, K]
+    return torch.cat([l_pos, l_neg], dim=1)  # [B, 1+K]
 
 
 def bilinear(context: torch.Tensor, candidates: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -71,10 +76,6 @@ def soft_clip(scores: torch.Tensor, clip: float) -> torch.Tensor:
     return clip * torch.tanh(scores / clip)
 
 
-def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
-    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-
-
 def squared_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``||a_i - b_j||^2`` for all pairs, ``[N, D] x [M, D] -> [N, M]``, in fp32 (fp64 stays fp64).
 
@@ -83,7 +84,7 @@ def squared_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     sign. Values under that noise floor are set to exactly 0 (so an anchor scores exactly 0
     against itself), which :func:`_distance_power` then handles without an infinite gradient.
     """
-    a, b = _at_least_fp32(a), _at_least_fp32(b)
+    a, b = at_least_float32(a), at_least_float32(b)
     sq_a, sq_b = (a * a).sum(1)[:, None], (b * b).sum(1)[None, :]  # [N, 1], [1, M]
     d2 = sq_a + sq_b - 2 * a @ b.T  # [N, M]
     floor = 16 * torch.finfo(d2.dtype).eps * (sq_a + sq_b)  # [N, M] cancellation noise
@@ -118,7 +119,7 @@ def kernel_scores(a: torch.Tensor, b: torch.Tensor, gamma: float = 2.0, tau: flo
 
 def paired_kernel_scores(a: torch.Tensor, b: torch.Tensor, gamma: float = 2.0, tau: float = 1.0) -> torch.Tensor:
     """Row-wise ``-||a_i - b_i||^gamma / tau``: ``[N, D], [N, D] -> [N]`` (a MoCo positive column)."""
-    a, b = _at_least_fp32(a), _at_least_fp32(b)
+    a, b = at_least_float32(a), at_least_float32(b)
     d2 = ((a - b) ** 2).sum(1)  # [N]
     return -_distance_power(d2, gamma) / tau  # [N]
 

@@ -1,6 +1,6 @@
 """augment room: batched, per-sample-random image views (SimCLR / MoCo v2 / BYOL recipes)."""
 
-from kontrast.augment.ops import (
+from kontrast.augment.color import (
     GRAY_WEIGHTS,
     ColorJitterParams,
     adjust_brightness,
@@ -10,16 +10,13 @@ from kontrast.augment.ops import (
     color_jitter,
     gaussian_blur,
     grayscale,
-    hflip,
     normalize,
-    resized_crop,
     sample_color_jitter,
-    sample_mask,
-    sample_resized_crop,
-    sample_uniform,
     solarize,
 )
+from kontrast.augment.ops import hflip, resized_crop, sample_resized_crop
 from kontrast.augment.rng import SampleRNG, derive_key, key_tensor
+from kontrast.augment.sampling import sample_mask, sample_uniform
 from kontrast.augment.views import (
     RECIPES,
     ViewSpec,
@@ -27,6 +24,7 @@ from kontrast.augment.views import (
     get_recipe,
     make_view,
     make_views,
+    recipe_views,
     to_float,
     view_maker,
 )
@@ -51,6 +49,7 @@ __all__ = [
     "hflip",
     "make_view",
     "make_views",
+    "recipe_views",
     "view_maker",
     "normalize",
     "resized_crop",

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchvision.transforms.v2 import functional as TF
 
-from kontrast.augment import ops
+from kontrast.augment import color, sampling
 
 OPS = ("auto_contrast", "equalize", "invert", "rotate", "posterize", "solarize", "solarize_add",
        "color", "contrast", "brightness", "sharpness", "shear_x", "shear_y", "translate_x", "translate_y")
@@ -48,7 +48,7 @@ class RandAugmentParams(NamedTuple):
 def sample_randaugment(batch: int, n: int, magnitude: float, magnitude_std: float, p: float,
                        generator: torch.Generator) -> RandAugmentParams:
     """Draw RandAugment's per-sample choices for ``n`` layers (see the module doc)."""
-    u = ops._rand((batch, n, 4), generator)  # [B, n, 4]: op, magnitude, sign, apply draws
+    u = sampling._rand((batch, n, 4), generator)  # [B, n, 4]: op, magnitude, sign, apply draws
     op = torch.clamp((u[..., 0] * len(OPS)).long(), max=len(OPS) - 1)  # [B, n] uniform over OPS
     normal = math.sqrt(2.0) * torch.erfinv(2.0 * u[..., 1].clamp(1e-6, 1 - 1e-6) - 1.0)  # [B, n] ~ N(0, 1)
     level = (magnitude + magnitude_std * normal).clamp(0.0, MAX_MAGNITUDE) / MAX_MAGNITUDE  # [B, n]
@@ -79,18 +79,18 @@ def _layer(x: Tensor, op: Tensor, level: Tensor, sign: Tensor, apply: Tensor, fi
         "posterize": lambda: posterize(x, torch.floor(4.0 * level)),
         "solarize": lambda: solarize(x, torch.floor(256.0 * level) / 255.0),
         "solarize_add": lambda: solarize_add(x, torch.floor(110.0 * level) / 255.0),
-        "color": lambda: ops.adjust_saturation(x, enhance),
-        "contrast": lambda: ops.adjust_contrast(x, enhance),
-        "brightness": lambda: ops.adjust_brightness(x, enhance),
+        "color": lambda: color.adjust_saturation(x, enhance),
+        "contrast": lambda: color.adjust_contrast(x, enhance),
+        "brightness": lambda: color.adjust_brightness(x, enhance),
         "sharpness": lambda: adjust_sharpness(x, enhance),
     }
     out = x
     for name, compute in results.items():
-        out = ops._select(chosen == OPS.index(name), compute(), out)
+        out = sampling._select(chosen == OPS.index(name), compute(), out)
     # the warp is always computed: asking whether any sample drew a geometric op would sync with the host
     geometric = torch.stack([chosen == OPS.index(g) for g in GEOMETRIC], dim=1)  # [B, 5] one-hot or zeros
     warped = affine(x, _geometric_matrix(x, geometric, level * sign), fill)  # [B, C, H, W]
-    return ops._select(geometric.any(dim=1), warped, out)
+    return sampling._select(geometric.any(dim=1), warped, out)
 
 
 def _geometric_matrix(x: Tensor, which: Tensor, amount: Tensor) -> Tensor:
@@ -148,18 +148,18 @@ def autocontrast(images: Tensor) -> Tensor:
 
 def posterize(images: Tensor, bits: Tensor) -> Tensor:
     """Keep ``bits[B]`` (integer-valued, 0..8) bits per channel: torchvision's float posterize."""
-    levels = ops._per_sample(torch.exp2(bits.to(images.dtype)))  # [B, 1, 1, 1]
+    levels = sampling._per_sample(torch.exp2(bits.to(images.dtype)))  # [B, 1, 1, 1]
     return torch.minimum(torch.floor(images * levels), levels - 1).clamp_(min=0) / levels
 
 
 def solarize(images: Tensor, threshold: Tensor) -> Tensor:
     """Invert pixels ``>= threshold[B]`` (torchvision's solarize with a per-sample threshold)."""
-    return torch.where(images >= ops._per_sample(threshold), 1.0 - images, images)
+    return torch.where(images >= sampling._per_sample(threshold), 1.0 - images, images)
 
 
 def solarize_add(images: Tensor, add: Tensor, threshold: float = 128 / 255) -> Tensor:
     """Add ``add[B]`` to pixels below ``threshold``, clipped at 1 (timm's SolarizeAdd; no torchvision op)."""
-    return torch.where(images < threshold, (images + ops._per_sample(add)).clamp(max=1.0), images)
+    return torch.where(images < threshold, (images + sampling._per_sample(add)).clamp(max=1.0), images)
 
 
 def adjust_sharpness(images: Tensor, factor: Tensor) -> Tensor:
@@ -170,7 +170,7 @@ def adjust_sharpness(images: Tensor, factor: Tensor) -> Tensor:
     kernel = (kernel / 13.0).expand(c, 1, 3, 3)
     smooth = F.conv2d(images, kernel, groups=c)  # [B, C, H-2, W-2]
     inner = images[..., 1:-1, 1:-1]
-    f = ops._per_sample(factor)
+    f = sampling._per_sample(factor)
     out = images.clone()
     out[..., 1:-1, 1:-1] = inner + (1.0 - f) * (smooth - inner)
     return out.clamp_(0.0, 1.0)

@@ -10,14 +10,15 @@ device, so a seed reproduces a batch of views exactly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
-from kontrast.augment import ops, randaugment
+from kontrast.augment import color, ops, randaugment, sampling
 from kontrast.augment.rng import SampleRNG
+from kontrast.config import parse_section
 from kontrast.errors import UserError
 
 
@@ -145,6 +146,16 @@ def get_recipe(name: str) -> tuple[ViewSpec, ...]:
         raise UserError(f"unknown augmentation recipe {name!r}; known: {', '.join(sorted(RECIPES))}") from None
 
 
+def recipe_views(name: str, size: int, view: Mapping[str, Any] | None = None) -> tuple[ViewSpec, ...]:
+    """Recipe ``name`` at the training resolution ``size`` (times each view's ``size_factor``:
+    multi-crop), with ``view`` (``augment.view``: ViewSpec fields) set on every view."""
+    view = dict(view or {})
+    overrides = parse_section(ViewSpec, {**view, "size": size}, "augment.view")
+    changed = {k: getattr(overrides, k) for k in view}
+    specs = [replace(spec, **changed) for spec in get_recipe(name)]
+    return tuple(replace(s, size=max(1, round(size * s.size_factor))) for s in specs)
+
+
 def to_float(images: Tensor) -> Tensor:
     """uint8 [B, C, H, W] in 0..255 -> float32 in [0, 1] (as torchvision's to_dtype(scale=True)).
 
@@ -165,21 +176,21 @@ def _view(images: Tensor, spec: ViewSpec, generator: torch.Generator) -> Tensor:
     if spec.translate_p > 0 and spec.translate > 0:
         x = ops.translate_reflect(x, ops.sample_translation(b, spec.translate, spec.translate_p, generator), spec.translate)
     if spec.flip_p > 0:
-        x = ops.hflip(x, ops.sample_mask(b, spec.flip_p, generator))
+        x = ops.hflip(x, sampling.sample_mask(b, spec.flip_p, generator))
     if spec.jitter_p > 0 and any(v > 0 for v in spec.jitter):
-        x = ops.color_jitter(x, ops.sample_color_jitter(b, *spec.jitter, p=spec.jitter_p, generator=generator))
+        x = color.color_jitter(x, color.sample_color_jitter(b, *spec.jitter, p=spec.jitter_p, generator=generator))
     if spec.gray_p > 0:
-        x = ops.grayscale(x, ops.sample_mask(b, spec.gray_p, generator))
+        x = color.grayscale(x, sampling.sample_mask(b, spec.gray_p, generator))
     if spec.blur_p > 0:
-        sigma = ops.sample_uniform(b, *spec.blur_sigma, generator)  # [B]
-        x = ops.gaussian_blur(x, sigma, spec.blur_kernel, ops.sample_mask(b, spec.blur_p, generator))
+        sigma = sampling.sample_uniform(b, *spec.blur_sigma, generator)  # [B]
+        x = color.gaussian_blur(x, sigma, spec.blur_kernel, sampling.sample_mask(b, spec.blur_p, generator))
     if spec.randaugment_n > 0:
         fill = spec.mean  # geometric ops fill with the mean colour (PyContrast's img_mean)
         x = randaugment.randaugment(x, randaugment.sample_randaugment(
             b, spec.randaugment_n, spec.randaugment_m, spec.randaugment_std, spec.randaugment_p, generator), fill)
     if spec.solarize_p > 0:
-        x = ops.solarize(x, SOLARIZE_THRESHOLD, ops.sample_mask(b, spec.solarize_p, generator))
-    return ops.normalize(x, spec.mean, spec.std)
+        x = color.solarize(x, SOLARIZE_THRESHOLD, sampling.sample_mask(b, spec.solarize_p, generator))
+    return color.normalize(x, spec.mean, spec.std)
 
 
 def make_view(images: Tensor, spec: ViewSpec, generator: torch.Generator) -> Tensor:
@@ -231,4 +242,4 @@ def eval_view(images: Tensor, spec: ViewSpec) -> Tensor:
         full = x.new_zeros(b, 4)  # [B, 4] (top, left, h, w), filled on the device: no host copy
         full[:, 2], full[:, 3] = h, w
         x = ops.resized_crop(x, full, spec.size)
-    return ops.normalize(x, spec.mean, spec.std)
+    return color.normalize(x, spec.mean, spec.std)

@@ -1,12 +1,12 @@
-"""End-to-end runs in subprocesses: ``kontrast train`` and the peer baseline, back to back.
+"""End-to-end ``kontrast train`` runs in subprocesses, each measured alone.
 
 Each run is its own process with an explicit thread count (``OMP_NUM_THREADS`` and the
 run's own setting), so runs never share an OpenMP pool; its peak resident memory is the
 child's ``ru_maxrss`` from ``os.wait4``. kontrast trains one epoch of ``steps`` batches
 (``data.limit = steps x batch``); images/s is its ``summary.json`` figure (wall time of the
 training loop, first step and the epoch-end checkpoint included) and, from ``metrics.jsonl``,
-the steady rate without the first logging window. The peer (``../shared/bench/lightly_simclr.py``)
-reports the same wall-time figure for its loop.
+the steady rate without the first logging window. :func:`run_measured` runs any other command
+the same way (benchmarks/vs_peer.py runs the peer baseline with it).
 """
 
 from __future__ import annotations
@@ -22,16 +22,14 @@ from pathlib import Path
 
 from kontrast.errors import UserError
 
-SETTINGS = {  # name -> (kontrast train flags, peer flags)
-    "fp32": ([], []),
-    "bf16_cl": (["--precision", "bf16", "--set", "train.channels_last=true"], ["--bf16", "--channels-last"]),
-    # ours with train.compile (encoder and views); the peer has no compile option: its bf16_cl run
-    "bf16_cl_compile": (["--precision", "bf16", "--set", "train.channels_last=true", "--set", "train.compile=true"],
-                        ["--bf16", "--channels-last"]),
+SETTINGS = {  # name -> kontrast train flags
+    "fp32": [],
+    "bf16_cl": ["--precision", "bf16", "--set", "train.channels_last=true"],
+    "bf16_cl_compile": ["--precision", "bf16", "--set", "train.channels_last=true", "--set", "train.compile=true"],
 }
 
 
-def _run(cmd: list[str], threads: int, log: Path, timeout: float) -> tuple[int, float, float]:
+def run_measured(cmd: list[str], threads: int, log: Path, timeout: float) -> tuple[int, float, float]:
     """Run ``cmd``; (exit status, wall seconds, peak RSS in MiB of that process)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     start = time.perf_counter()
@@ -59,15 +57,8 @@ def ours_command(data: str, *, method: str, steps: int, batch: int, width: float
            "--epochs", str(epochs), "--batch-size", str(batch), "--out", out, "--overwrite", "--no-progress",
            "--set", f"encoder.name={encoder}", "--set", f"encoder.width={width}",
            "--set", f"train.num_threads={threads}", "--set", f"data.limit={limit}", "--set", "train.log_every=5",
-           "--set", f"train.device={device}", *SETTINGS[setting][0]]
+           "--set", f"train.device={device}", *SETTINGS[setting]]
     return cmd
-
-
-def peer_command(python: str, script: str, data: str, *, steps: int, batch: int, width: float, threads: int,
-                 setting: str, epochs: float = 0) -> list[str]:
-    run = ["--epochs", str(epochs)] if epochs else ["--steps", str(steps)]
-    return [python, script, "--data", data, *run, "--batch", str(batch), "--width", str(width),
-            "--workers", "0", "--threads", str(threads), *SETTINGS[setting][1]]
 
 
 def display(cmd: list[str]) -> str:
@@ -80,7 +71,7 @@ def display(cmd: list[str]) -> str:
 def run_ours(cmd: list[str], threads: int, workdir: Path, timeout: float) -> dict:
     out = Path(cmd[cmd.index("--out") + 1])
     log = workdir / f"{out.name}.log"
-    code, wall, rss = _run(cmd, threads, log, timeout)
+    code, wall, rss = run_measured(cmd, threads, log, timeout)
     if code != 0:
         tail = log.read_text().strip().splitlines()[-1:] or ["(no output)"]
         raise UserError(f"kontrast train failed (exit {code}): {tail[0]}; command: {display(cmd)}")
@@ -91,29 +82,6 @@ def run_ours(cmd: list[str], threads: int, workdir: Path, timeout: float) -> dic
     return {"img_per_s": summary["img_per_s"], "img_per_s_steady": round(steady, 1), "steps": summary["steps"],
             "train_wall_s": summary["wall_s"], "process_wall_s": round(wall, 1), "peak_rss_mib": round(rss),
             "final_loss": summary.get("final_loss")}
-
-
-def run_peer(cmd: list[str], threads: int, workdir: Path, timeout: float, name: str) -> dict:
-    log = workdir / f"{name}.log"
-    code, wall, rss = _run(cmd, threads, log, timeout)
-    lines = log.read_text().strip().splitlines()
-    if code != 0 or not lines or not lines[-1].startswith("{"):
-        raise UserError(f"peer baseline failed (exit {code}): {(lines or ['(no output)'])[-1]}; "
-                        f"command: {display(cmd)}")
-    res = json.loads(lines[-1])
-    return {"img_per_s": round(res["img_per_s_wall"], 1), "img_per_s_compute": round(res["img_per_s_compute"], 1),
-            "steps": res["steps"], "process_wall_s": round(wall, 1), "peak_rss_mib": round(rss),
-            **({"knn_top1": res["knn_top1"]} if "knn_top1" in res else {})}
-
-
-def run_eval(run_dir: str, threads: int, workdir: Path, timeout: float) -> dict:
-    cmd = [sys.executable, "-m", "kontrast.cli", "eval", "--checkpoint", run_dir, "--no-linear", "--json"]
-    log = workdir / f"{Path(run_dir).name}-eval.log"
-    code, _, _ = _run(cmd, threads, log, timeout)
-    lines = log.read_text().strip().splitlines()
-    if code != 0 or not lines:
-        raise UserError(f"kontrast eval failed (exit {code}): {(lines or ['(no output)'])[-1]}")
-    return json.loads(lines[-1])
 
 
 def scratch_dir(root: str | None) -> Path:

@@ -1,6 +1,6 @@
 """Per-step time breakdown of a method, and the share of the step outside its encoder.
 
-One step as ``kontrast.train.loop.fit`` runs it, timed phase by phase (with a device
+One step as ``kontrast.train.loop.fit`` runs it (the same ``train_step``), timed phase by phase (with a device
 synchronisation between phases on a GPU): data + augmentation (index the uint8 dataset,
 ``make_views``), forward + loss (``training_step``), backward, the non-finite guard,
 optimizer, ``after_step`` (queues, EMA, banks). Then the encoder alone: every call the step
@@ -14,18 +14,21 @@ from __future__ import annotations
 
 import statistics
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.nn as nn
 
-from kontrast.augment import SampleRNG, derive_key, make_views
+from kontrast.augment import derive_key, key_tensor, view_maker
 from kontrast.config import Config
+from kontrast.methods.base import Progress
 from kontrast.methods.build import create_method, view_specs
-from kontrast.train.loop import NonFiniteGuard
-from kontrast.train.optim import create_optimizer
+from kontrast.precision import autocast
+from kontrast.train.guards import NonFiniteGuard
+from kontrast.train.optim import create_optimizer, lr_schedule, peak_lr
+from kontrast.train.step import PHASES, StepContext, train_step
 
-PHASES = ("data_augment", "forward_loss", "backward", "guard", "optimizer", "after_step")
+STEPS = 1000  # the run length whose lr schedule the timed steps follow
 
 
 def _sync(device: torch.device) -> None:
@@ -69,7 +72,9 @@ def step_breakdown(cfg: Config, images: torch.Tensor, data, *, iters: int, devic
     """Median seconds per phase over ``iters`` steps (after two warm-up steps), and the encoder share.
 
     cfg: a resolved config (method, encoder, batch, precision, channels_last); images: uint8
-    [N, 3, H, W] on ``device``; data: the ImageSet they came from (for ``bind_data``).
+    [N, 3, H, W] on ``device``; data: the Samples they came from (for ``bind_data``). The steps are
+    :func:`kontrast.train.step.train_step` on random batches, with the lr schedule of a
+    ``STEPS``-step run.
     """
     tc = cfg.train
     torch.manual_seed(tc.seed)
@@ -78,62 +83,47 @@ def step_breakdown(cfg: Config, images: torch.Tensor, data, *, iters: int, devic
         method = method.to(memory_format=torch.channels_last)
     method.bind_data(data)
     specs = view_specs(cfg, method)
-    optimizer = create_optimizer(method, cfg.optim, tc.batch_size)
-    guard = NonFiniteGuard(method, device)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=tc.precision == "bf16")
+    peak = peak_lr(cfg.optim, tc.batch_size)
+    ctx = StepContext(method=method, optimizer=create_optimizer(method, cfg.optim, tc.batch_size), images=images,
+                      make_views=view_maker(specs) if specs else None,
+                      lrs=lr_schedule(peak, STEPS, 0, cfg.optim.min_lr).tolist(), peak_lr=peak, seed=tc.seed,
+                      device=device, guard=NonFiniteGuard(method, device), precision=tc.precision,
+                      channels_last=tc.channels_last, nonfinite=tc.nonfinite)
     targets = [m for m in method.modules() if type(m) is type(method.encoder) and m is not method.encoder]
     gen = torch.Generator().manual_seed(tc.seed)
-    key = derive_key("bench", tc.seed)
+    key = key_tensor(derive_key("bench", tc.seed), device)
     method.train()
 
     def one_step(times: dict | None, step: int, record: list | None = None) -> None:
         t = [time.perf_counter()]
 
-        def lap():
+        def lap(phase: str) -> None:
             _sync(device)
             t.append(time.perf_counter())
 
-        idx = torch.randperm(len(images), generator=gen)[: tc.batch_size].to(device)
-        views = make_views(images[idx], specs, SampleRNG(key, idx))
-        if tc.channels_last:
-            views = [v.contiguous(memory_format=torch.channels_last) for v in views]
-        lap()
-        if record is not None:
-            with _recording([method.encoder, *targets], record), autocast:
-                out = method.training_step(views, idx)
-        else:
-            with autocast:
-                out = method.training_step(views, idx)
-        lap()
-        optimizer.zero_grad(set_to_none=True)
-        out["loss"].backward()
-        lap()
-        guard.check_step(step, out["loss"])
-        lap()
-        optimizer.step()
-        lap()
-        method.after_step(min(1.0, step / 1000))
-        lap()
+        idx = torch.randperm(len(images), generator=gen)[: tc.batch_size]
+        with _recording([method.encoder, *targets], record) if record is not None else nullcontext():
+            train_step(ctx, idx, key, Progress(step=step, epoch=0, total_steps=STEPS, steps_per_epoch=STEPS), lap)
         if times is not None:
             for name, a, b in zip(PHASES, t, t[1:]):
                 times[name].append(b - a)
 
     def encoder_only() -> None:
-        with autocast:
+        with autocast(device, tc.precision):
             outs = [t for args, kw in calls[0] for t in _tensors(method.encoder(*args, **kw))]
         sum(o.float().sum() for o in outs).backward()
         _sync(device)
 
     def targets_only() -> None:
-        with torch.no_grad(), autocast:
+        with torch.no_grad(), autocast(device, tc.precision):
             for module, log in zip(targets, calls[1:]):
                 for args, kw in log:
                     module(*args, **kw)
         _sync(device)
 
     calls: list[list] = [[] for _ in range(1 + len(targets))]
-    one_step(None, 1, calls)  # warm-up, recording the encoder's inputs
-    one_step(None, 2)
+    one_step(None, 0, calls)  # warm-up, recording the encoder's inputs
+    one_step(None, 1)
     # amdim, yadim and cpc_v2 read the encoder's feature maps (forward_maps, the patch grid), which the
     # forward hooks do not see: their phases are measured, their encoder share is not
     replay = bool(calls[0])
@@ -143,7 +133,7 @@ def step_breakdown(cfg: Config, images: torch.Tensor, data, *, iters: int, devic
     times: dict[str, list[float]] = {p: [] for p in PHASES}
     enc, tgt = [], []
     for i in range(iters):  # step and encoder alone alternate, so a change in machine load hits both
-        one_step(times, 3 + i)
+        one_step(times, 2 + i)
         method.zero_grad(set_to_none=True)
         if not replay:
             continue

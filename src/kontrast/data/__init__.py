@@ -1,18 +1,25 @@
-"""Data room: sources (built-in shapes, ImageFolder trees, tar archives, CIFAR pickles),
-a content-keyed on-disk cache, and deterministic batch order.
+"""Data room: sources (built-in shapes and sequences, ImageFolder trees, tar archives, CIFAR
+pickles, paired image-caption files), a content-keyed on-disk cache, and deterministic batch order.
 
-Every source loads into an :class:`ImageSet`: one uint8 ``[N, 3, size, size]`` tensor (plus
-labels), which the rest of kontrast moves to the device whole and augments in batches.
+Every source loads into :class:`Samples`: one tensor (uint8 images ``[N, 3, size, size]``, or
+float32 sequences ``[N, C, L]``) plus labels and each row's path, which the rest of kontrast
+moves to the device whole and augments in batches. The kinds of source are registered in
+:data:`SOURCES` by the modules imported here; :func:`load_images` dispatches through it.
 """
 
+from kontrast.data import builtin, cifar, folder, pairs  # noqa: F401  (register shapes, sequences, cifar, folder, tar, pairs)
 from kontrast.data.batches import batch_indices, epoch_permutation
 from kontrast.data.cache import cache_root
+from kontrast.data.samples import Samples, SourceKind
 from kontrast.data.shapes import SHAPE_CLASSES, make_shapes
-from kontrast.data.sources import ImageSet, load_images
+from kontrast.data.sources import load_images
+from kontrast.registry import SOURCES
 
 __all__ = [
-    "ImageSet",
     "SHAPE_CLASSES",
+    "SOURCES",
+    "Samples",
+    "SourceKind",
     "batch_indices",
     "cache_root",
     "epoch_permutation",

@@ -2,9 +2,9 @@
 
 Decoding 60k JPEGs takes seconds; reading one uint8 tensor back takes a fraction of that. An
 entry is two files named by its key: ``<key>.safetensors`` (images, and labels when labelled)
-and ``<key>.json`` (classes, name, layout, unreadable files, and the sha256 of the tensor
-file). The key hashes what the result depends on (source kind, split, size, format version
-and the source's bytes), so an edited dataset gets a new entry and a moved one keeps its own.
+and ``<key>.json`` (classes, name, layout, each row's path, unreadable files, and the sha256 of
+the tensor file). The key hashes what the result depends on (source kind, split, size, format
+version and the source's bytes), so an edited dataset gets a new entry and a moved one keeps its own.
 
 Writes are atomic (temp file in the same folder, fsync, ``os.replace``); the JSON is written
 last, so its presence certifies a complete tensor file. Any entry that fails to read or
@@ -24,16 +24,17 @@ from pathlib import Path
 import safetensors.torch
 import torch
 
-FORMAT_VERSION = 2  # 2: decompression-bomb and special-file guards. Bump when decoding or the entry layout changes: old entries then miss
+FORMAT_VERSION = 3  # 2: decompression-bomb and special-file guards; 3: row paths. Bump when decoding or the entry layout changes: old entries then miss
 ENV_VAR = "KONTRAST_CACHE"
 
 
 @dataclass
 class CachedSplit:
-    """One decoded split as stored: what :class:`~kontrast.data.ImageSet` needs, plus notes.
+    """One decoded split as stored: what :class:`~kontrast.data.Samples` needs, plus notes.
 
-    ``bad_images`` holds ``(path inside the source, reason)`` for every unreadable file of the
-    split, so a later load can report or skip them without decoding again. ``layout`` is how
+    ``paths`` names each row's file (relative to the source root, or ``"data_batch_1/123"`` for
+    CIFAR pickles). ``bad_images`` holds ``(path inside the source, reason)`` for every unreadable
+    file of the split, so a later load can report or skip them without decoding again. ``layout`` is how
     the source was read ("splits", "holdout", "flat", "cifar"), for error messages.
     """
 
@@ -42,6 +43,7 @@ class CachedSplit:
     classes: list[str]
     name: str
     layout: str
+    paths: list[str]  # one per row
     bad_images: list[tuple[str, str]] = field(default_factory=list)
 
 
@@ -116,6 +118,7 @@ def save_entry(root: Path, key: str, entry: CachedSplit) -> None:
         "classes": entry.classes,
         "name": entry.name,
         "layout": entry.layout,
+        "paths": entry.paths,
         "bad_images": [list(item) for item in entry.bad_images],
         "tensors_sha256": hashlib.sha256(blob).hexdigest(),
     }
@@ -148,6 +151,7 @@ def _read_entry(root: Path, key: str) -> CachedSplit:
         classes=[str(c) for c in meta["classes"]],
         name=str(meta["name"]),
         layout=str(meta["layout"]),
+        paths=[str(p) for p in meta["paths"]],
         bad_images=[(str(p), str(r)) for p, r in meta["bad_images"]],
     )
 
@@ -157,6 +161,8 @@ def _check_tensors(images: torch.Tensor, labels: torch.Tensor | None, meta: dict
     n, size = meta["count"], meta["size"]
     if images.dtype != torch.uint8 or tuple(images.shape) != (n, 3, size, size):
         raise ValueError(f"images are {images.dtype} {tuple(images.shape)}")
+    if len(meta["paths"]) != n:
+        raise ValueError(f"{len(meta['paths'])} paths for {n} images")
     if meta["labelled"] != (labels is not None):
         raise ValueError("labels present/absent disagrees with the metadata")
     if labels is not None and (labels.dtype != torch.int64 or tuple(labels.shape) != (n,)):

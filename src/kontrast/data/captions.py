@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from kontrast.data.cifar import find_cifar_folder
+from kontrast.data.layout import list_files, plan_layout
 from kontrast.errors import UserError
 
 # Varied phrasings (a subset in the spirit of CLIP's ImageNet prompt ensemble,
@@ -45,7 +47,7 @@ def captions_from_labels(labels: torch.Tensor, classes: list[str], seed: int = 0
 
 
 def captions_for(data, seed: int = 0) -> tuple[list[str], str]:
-    """The captions of an ``ImageSet``: its own, else made from its labels; and a one-line note saying which."""
+    """The captions of a ``Samples``: its own, else made from its labels; and a one-line note saying which."""
     if data.captions is not None:
         return data.captions, f"{len(data.captions)} captions from {data.name}"
     if data.labels is not None and data.classes:
@@ -63,14 +65,12 @@ def write_captions(data: str | os.PathLike, out: str | os.PathLike, seed: int = 
     class name, "split": "train" | "test"}`` (splits as kontrast reads the folder). Returns
     counts for a summary line.
     """
-    from kontrast.data.sources import _find_cifar_folder, _list_files, plan_layout
-
     root, out = Path(data).expanduser(), Path(out)
-    if not root.is_dir() or _find_cifar_folder(root):
+    if not root.is_dir() or find_cifar_folder(root):
         raise UserError(f"{root} is not an ImageFolder directory; captions need image files on disk "
                         "(for an archive, CIFAR pickles or shapes, train --method clip on it directly: "
                         "captions are then made from its class names)")
-    plan = plan_layout(_list_files(root), str(root))
+    plan = plan_layout(list_files(root), str(root))
     if not plan.classes:
         raise UserError(f"{root} has no class folders; captions are made from class names")
     lines, counts = [], {}

@@ -18,7 +18,12 @@ from pathlib import Path
 
 import torch
 
+from kontrast.data.decode import decode_blobs, report_bad_images
+from kontrast.data.samples import Samples, SourceKind
 from kontrast.errors import UserError
+from kontrast.registry import SOURCES
+
+PAIR_SUFFIXES = (".jsonl", ".csv")
 
 
 def read_pairs(path: Path) -> list[dict]:
@@ -47,10 +52,10 @@ def read_pairs(path: Path) -> list[dict]:
     return rows
 
 
-def load_pairs(source: str | os.PathLike, split: str, *, size: int, skip_bad_images: bool = False):
-    """One split of a paired file as an :class:`~kontrast.data.ImageSet` with ``captions``."""
-    from kontrast.data.sources import ImageSet, _report_bad_images, decode_blobs
-
+def load_pairs(source: str | os.PathLike, split: str, *, size: int, cache_dir: str | Path | None = None,
+               skip_bad_images: bool = False) -> Samples:
+    """One split of a paired file as :class:`~kontrast.data.Samples` with ``captions`` (never cached:
+    ``cache_dir`` is unused); each row's path is its ``image`` as written in the file."""
     path = Path(source).expanduser()
     rows = read_pairs(path)
     labelled = all(row.get("label") for row in rows)
@@ -64,14 +69,14 @@ def load_pairs(source: str | os.PathLike, split: str, *, size: int, skip_bad_ima
     files = [str(path.parent / row["image"]) for row in mine]
     images, bad = decode_blobs(((f, _read(f)) for f in files), size)
     if bad:
-        _report_bad_images(sorted(bad.items()), _Where(str(path)), skip_bad_images)
+        report_bad_images(sorted(bad.items()), str(path), skip_bad_images, stacklevel=4)  # names load_images' caller
     keep = [i for i, f in enumerate(files) if f in images]
     if not keep:
         raise UserError(f"no readable {split} images listed in {path}")
     index = {c: i for i, c in enumerate(classes)}
     labels = torch.tensor([index[str(mine[i]["label"])] for i in keep]) if labelled else None
-    return ImageSet(torch.stack([images[files[i]] for i in keep]), labels, classes, f"{path} ({split})",
-                    [mine[i]["caption"] for i in keep])
+    return Samples(torch.stack([images[files[i]] for i in keep]), labels, classes, f"{path} ({split})",
+                   paths=[str(mine[i]["image"]) for i in keep], captions=[mine[i]["caption"] for i in keep])
 
 
 def _read(file: str) -> bytes:
@@ -81,11 +86,8 @@ def _read(file: str) -> bytes:
         return b""  # reported as unreadable with the others
 
 
-class _Where:
-    """What ``_report_bad_images`` needs to name files: ``where`` and ``locate``."""
+def _is_pairs(source: str) -> bool:
+    return source.lower().endswith(PAIR_SUFFIXES)
 
-    def __init__(self, where: str):
-        self.where = where
 
-    def locate(self, path: str) -> str:
-        return path
+SOURCES.register("pairs")(SourceKind(order=1, matches=_is_pairs, load=load_pairs))

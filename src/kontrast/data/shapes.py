@@ -124,15 +124,15 @@ def _jittered_pair(n: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tens
     """The base (foreground, background) pair after brightness, contrast, saturation and hue
     factors drawn uniformly from :data:`_JITTER`'s ranges (torchvision's ColorJitter semantics,
     fixed order): two ``[n, 3]`` tensors in [0, 1]."""
-    from kontrast.augment import ops  # the augment room's batched colour ops, reused
+    from kontrast.augment import color  # the augment room's batched colour ops, reused
 
     pair = torch.stack([_BASE_FG, _BASE_BG], dim=1).expand(n, 3, 2)[:, :, None, :]  # [n, 3, 1, 2] a 1x2 "image"
     u = 2 * torch.rand(n, 4, generator=g) - 1  # [n, 4] in [-1, 1)
     brightness, contrast, saturation, hue = _JITTER
-    pair = ops.adjust_brightness(pair, 1 + brightness * u[:, 0]).clamp(0, 1)
-    pair = ops.adjust_contrast(pair, 1 + contrast * u[:, 1]).clamp(0, 1)
-    pair = ops.adjust_saturation(pair, 1 + saturation * u[:, 2]).clamp(0, 1)
-    pair = ops.adjust_hue(pair, hue * u[:, 3])  # [n, 3, 1, 2]
+    pair = color.adjust_brightness(pair, 1 + brightness * u[:, 0]).clamp(0, 1)
+    pair = color.adjust_contrast(pair, 1 + contrast * u[:, 1]).clamp(0, 1)
+    pair = color.adjust_saturation(pair, 1 + saturation * u[:, 2]).clamp(0, 1)
+    pair = color.adjust_hue(pair, hue * u[:, 3])  # [n, 3, 1, 2]
     return pair[:, :, 0, 0], pair[:, :, 0, 1]
 
 

@@ -12,14 +12,11 @@ from __future__ import annotations
 
 from torch import nn
 
+from kontrast.encoders import amdim, resnet, sequence  # noqa: F401  (register resnet18/34/50, amdim, conv1d, cpc_audio)
 from kontrast.errors import UserError
-from kontrast.registry import Registry
+from kontrast.registry import ENCODERS
 
-ENCODERS: Registry = Registry("encoder")
 TORCHVISION_PREFIX = "torchvision:"
-
-from kontrast.encoders import resnet  # noqa: E402  (registers resnet18/34/50 into ENCODERS)
-from kontrast.encoders import amdim, sequence  # noqa: E402,F401  (amdim; conv1d, cpc_audio for sequences)
 
 
 def create_encoder(name: str, *, stem: str | None = None, width: float = 1.0, **kw) -> nn.Module:

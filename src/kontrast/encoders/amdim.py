@@ -23,9 +23,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kontrast.encoders import ENCODERS
 from kontrast.encoders.resnet import scaled
 from kontrast.errors import UserError
+from kontrast.registry import ENCODERS
 
 STAGES = ((4, 2, 2), (2, 2, 4), (3, 1, 8), (5, 1, 8))  # (kernel, stride, channels / c)
 

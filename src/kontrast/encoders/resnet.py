@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kontrast.encoders import ENCODERS
 from kontrast.errors import UserError
+from kontrast.registry import ENCODERS
 
 STEMS = ("cifar", "imagenet")
 STAGE_CHANNELS = (64, 128, 256, 512)  # base channel counts of the four stages at width 1

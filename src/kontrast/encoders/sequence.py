@@ -17,9 +17,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kontrast.encoders import ENCODERS
 from kontrast.encoders.resnet import scaled
 from kontrast.errors import UserError
+from kontrast.registry import ENCODERS
 
 
 class ChannelNorm(nn.Module):

@@ -158,7 +158,7 @@ def diagnose_run(path: str | Path, data: str | None = None, *, split: str = "tes
     cfg, method, ckpt = load_run(path)
     source = data or cfg.data.source
     images = load_images(source, split, size=cfg.data.size, cache_dir=cfg.data.cache_dir,
-                         skip_bad_images=cfg.data.skip_bad_images).subset(limit, seed=seed).images
+                         skip_bad_images=cfg.data.skip_bad_images).subset(limit, seed=seed).x
     if len(images) < 2:
         raise UserError(f"{source} ({split}) has {len(images)} image; diagnose needs at least 2")
     z1, z2, clean = encode_views(method.encoder.to(device), images, view_specs(cfg, method), seed=seed,

@@ -14,8 +14,7 @@ import torch
 from torch import nn
 
 from kontrast.errors import UserError
-
-PRECISIONS = ("fp32", "bf16")
+from kontrast.precision import autocast, check_precision
 
 
 @contextmanager
@@ -75,15 +74,13 @@ def extract_features(
     sequences = images_uint8.is_floating_point() and images_uint8.ndim == 3  # float [N, C, T] sequences go in as they are
     if not sequences:
         check_images(images_uint8)
-    if precision not in PRECISIONS:
-        raise UserError(f"unknown precision {precision!r}; choose one of: {', '.join(PRECISIONS)}")
+    check_precision(precision)
     device = torch.device(device)
     if not sequences:
         mean_t = torch.as_tensor(mean, dtype=torch.float32, device=device)  # [C]
         std_t = torch.as_tensor(std, dtype=torch.float32, device=device)  # [C]
     chunks = []
-    autocast = torch.autocast(device.type, torch.bfloat16, enabled=precision == "bf16")
-    with eval_mode(encoder), autocast:
+    with eval_mode(encoder), autocast(device, precision):
         for start in range(0, len(images_uint8), batch_size):
             batch = images_uint8[start : start + batch_size].to(device, non_blocking=True)
             feats = encoder(batch if sequences else normalise(batch, mean_t, std_t))  # [B, dim]

@@ -10,14 +10,14 @@ import torch
 import torch.nn as nn
 
 from kontrast.config import EvalConfig
-from kontrast.data import ImageSet
+from kontrast.data import Samples
 from kontrast.errors import UserError
 from kontrast.evaluate.features import extract_features, raw_pixel_features
 from kontrast.evaluate.knn import knn_top1
 from kontrast.evaluate.linear import linear_probe
 
 
-def _check_labels(train: ImageSet, test: ImageSet) -> None:
+def _check_labels(train: Samples, test: Samples) -> None:
     if train.labels is None or test.labels is None:
         raise UserError(f"evaluation needs labelled data, but {train.name} has no class folders")
 
@@ -34,22 +34,22 @@ def score_features(
 
 
 def evaluate_encoder(
-    encoder: nn.Module, train: ImageSet, test: ImageSet, cfg: EvalConfig, *,
+    encoder: nn.Module, train: Samples, test: Samples, cfg: EvalConfig, *,
     mean, std, device: str = "cpu", precision: str = "fp32", linear: bool = True, max_train: int = 0,
 ) -> dict[str, float]:
     """Extract features of both splits with ``encoder`` and score them."""
     _check_labels(train, test)
     bank = train.subset(max_train) if max_train else train
-    images, labels = bank.images, bank.labels
+    images, labels = bank.x, bank.labels
     kw = dict(mean=mean, std=std, batch_size=cfg.batch_size, device=device, precision=precision)
     train_x = extract_features(encoder, images, **kw)
-    test_x = extract_features(encoder, test.images, **kw)
+    test_x = extract_features(encoder, test.x, **kw)
     return score_features(train_x, labels, test_x, test.labels, cfg, linear=linear)
 
 
-def evaluate_raw_pixels(train: ImageSet, test: ImageSet, cfg: EvalConfig, *, linear: bool = True) -> dict[str, float]:
+def evaluate_raw_pixels(train: Samples, test: Samples, cfg: EvalConfig, *, linear: bool = True) -> dict[str, float]:
     """The no-learning baseline: flattened pixels."""
     _check_labels(train, test)
     return score_features(
-        raw_pixel_features(train.images), train.labels, raw_pixel_features(test.images), test.labels, cfg, linear=linear
+        raw_pixel_features(train.x), train.labels, raw_pixel_features(test.x), test.labels, cfg, linear=linear
     )

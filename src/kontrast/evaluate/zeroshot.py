@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kontrast.data import ImageSet
+from kontrast.data import Samples
 from kontrast.data.captions import TEMPLATES, class_text
 from kontrast.evaluate.features import extract_features, eval_mode
 
@@ -44,11 +44,11 @@ def class_embeddings(model: nn.Module, classes: Sequence[str], templates: Sequen
     return F.normalize(text.view(len(classes), len(templates), -1).mean(dim=1), dim=1)  # [C, E]
 
 
-def zeroshot_top1(model: nn.Module, test: ImageSet, *, mean, std, device: str = "cpu", precision: str = "fp32",
+def zeroshot_top1(model: nn.Module, test: Samples, *, mean, std, device: str = "cpu", precision: str = "fp32",
                   templates: Sequence[str] = TEMPLATES) -> float:
     """Top-1 accuracy on ``test`` of classifying by the nearest class-prompt embedding."""
     weights = class_embeddings(model, test.classes, templates)  # [C, E]
-    images = F.normalize(extract_features(_ImageTower(model), test.images, mean=mean, std=std, device=device,
+    images = F.normalize(extract_features(_ImageTower(model), test.x, mean=mean, std=std, device=device,
                                           precision=precision), dim=1)  # [N, E]
     preds = (images @ weights.cpu().T).argmax(dim=1)  # [N]
     return (preds == test.labels.cpu()).float().mean().item()

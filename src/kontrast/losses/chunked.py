@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kontrast.similarity import _at_least_fp32, _fp32
+from kontrast.precision import at_least_float32, float32
 
 CHUNK_ROWS = 1024  # anchors per block: chunk x M scores live at once
 # nt_xent uses the blocked form when N x M exceeds this (SimCLR batches above 512): on one CPU thread it
@@ -81,9 +81,9 @@ def info_nce_chunked(
                 itself), or None; it must not be the row's positive
     chunk:      anchors per block (memory ``chunk x M``; default ``CHUNK_ROWS``)
     """
-    with _fp32(anchors):
-        a = F.normalize(_at_least_fp32(anchors), dim=1) / temperature  # [N, D], 1/tau folded into the anchors
-        c = F.normalize(_at_least_fp32(candidates), dim=1)  # [M, D]
+    with float32(anchors):
+        a = F.normalize(at_least_float32(anchors), dim=1) / temperature  # [N, D], 1/tau folded into the anchors
+        c = F.normalize(at_least_float32(candidates), dim=1)  # [M, D]
         positive = (a * c[positives]).sum(dim=1)  # [N] s_i,pos(i)
         lse = _BlockLogSumExp.apply(a, c, exclude, chunk or CHUNK_ROWS)  # [N]
         return (lse - positive).mean()

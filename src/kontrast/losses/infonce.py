@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from kontrast.losses.chunked import CHUNKED_ABOVE, info_nce_chunked
-from kontrast.similarity import cosine, paired_cosine
+from kontrast.similarity import cosine, moco_scores
 
 
 def info_nce(scores: torch.Tensor, positives: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -39,6 +39,11 @@ def mi_bound(loss: torch.Tensor, num_candidates: int) -> torch.Tensor:
     says the task is solved for this N, not that the mutual information is that small.
     """
     return math.log(num_candidates) - loss.detach().float()
+
+
+def use_blocks(rows: int, cols: int) -> bool:
+    """Whether NT-Xent forms a ``[rows, cols]`` score matrix in row blocks (above ``CHUNKED_ABOVE`` entries)."""
+    return rows * cols > CHUNKED_ABOVE
 
 
 def nt_xent(
@@ -67,11 +72,20 @@ def nt_xent(
     anchors = torch.cat([z1, z2])  # [2B, D]
     if candidates is None:
         candidates = anchors  # [M=2B, D]
-    if anchors.shape[0] * candidates.shape[0] > CHUNKED_ABOVE:  # large batch: never the whole [2B, M]
-        rows = torch.arange(2 * b, device=z1.device)  # [2B]
-        positives = offset + (rows + b) % (2 * b)  # [2B] the other view
-        return info_nce_chunked(anchors, candidates, positives, temperature, exclude=offset + rows)
+    if use_blocks(anchors.shape[0], candidates.shape[0]):  # large batch: never the whole [2B, M]
+        positives, itself = two_view_targets(b, offset, z1.device)  # [2B] each
+        return info_nce_chunked(anchors, candidates, positives, temperature, exclude=itself)
     return two_view_info_nce(cosine(anchors, candidates, temperature), b, offset)
+
+
+def two_view_targets(b: int, offset: int = 0, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """NT-Xent's columns for the 2B rows ``cat(view 1, view 2)``: ``(positives, itself)``, [2B] long each.
+
+    ``positives``: the other view of the row's image; ``itself``: the row's own column, left out of
+    the denominator. ``offset``: column of this batch's first view among the candidates.
+    """
+    rows = torch.arange(2 * b, device=device)  # [2B]
+    return offset + (rows + b) % (2 * b), offset + rows
 
 
 def two_view_info_nce(scores: torch.Tensor, b: int, offset: int = 0) -> torch.Tensor:
@@ -82,10 +96,9 @@ def two_view_info_nce(scores: torch.Tensor, b: int, offset: int = 0) -> torch.Te
             are this batch's views in the same order. Each row's positive is the other view of
             its image; the row's own column is masked. 2B - 1 candidates per row when M = 2B.
     """
-    rows = torch.arange(2 * b, device=scores.device)  # [2B]
-    positives = offset + (rows + b) % (2 * b)  # [2B] the other view
+    positives, itself = two_view_targets(b, offset, scores.device)  # [2B] each: the other view, the anchor
     mask = torch.zeros_like(scores, dtype=torch.bool)
-    mask[rows, offset + rows] = True  # never the anchor itself
+    mask[torch.arange(2 * b, device=scores.device), itself] = True  # never the anchor itself
     return info_nce(scores, positives, mask)
 
 
@@ -96,9 +109,7 @@ def moco_loss(q: torch.Tensor, k: torch.Tensor, queue: torch.Tensor, temperature
     q: [B, D] queries (online), k: [B, D] keys (momentum encoder, no grad),
     queue: [K, D] negatives. Column 0 holds the positive.
     """
-    l_pos = paired_cosine(q, k, temperature)[:, None]  # [B, 1]
-    l_neg = cosine(q, queue, temperature)  # [B, K]
-    scores = torch.cat([l_pos, l_neg], dim=1)  # [B, 1+K]
-    positives = torch.zeros(q.shape[0], dtype=torch.long, device=q.device)  # [B]
+    scores = moco_scores(q, k, queue, temperature)  # [B, 1+K]
+    positives = torch.zeros(q.shape[0], dtype=torch.long, device=q.device)  # [B] column 0
     return info_nce(scores, positives)
 

@@ -9,7 +9,7 @@ negatives' ``logsumexp`` shared by all positives of the anchor.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -68,11 +68,17 @@ def global_local_nce(anchors: torch.Tensor, maps: torch.Tensor, clip: float) -> 
     all locations of the other images. Returns ``(loss, raw scores [B, B·h·w])``; the raw scores
     feed :func:`score_penalty` (Bachman et al. 2019, https://arxiv.org/abs/1906.00910, section 3.5).
     """
-    b, r, h, w = maps.shape
-    candidates = maps.flatten(2).transpose(1, 2).reshape(b * h * w, r)  # [B·L, R] item-major
-    raw = scaled_dot(anchors, candidates)  # [B, B·L]
+    b, _, h, w = maps.shape
+    raw = scaled_dot(anchors, locations(maps))  # [B, B·L]
     items = torch.arange(b, device=anchors.device)  # [B]
     return positional_nce(soft_clip(raw, clip), items, h * w), raw
+
+
+def locations(maps: torch.Tensor) -> torch.Tensor:
+    """Every location of every feature map as one candidate: ``[B, R, h, w] -> [B·h·w, R]``, item-major
+    (row ``j`` is location ``j % (h·w)``, row-major, of item ``j // (h·w)``)."""
+    b, r, h, w = maps.shape
+    return maps.flatten(2).transpose(1, 2).reshape(b * h * w, r)  # [B·L, R]
 
 
 def pooled_info_nce(
@@ -88,11 +94,23 @@ def pooled_info_nce(
     pool·Q], not [B·P, B·Q]). Returns ``(mean loss over all B·P anchors, candidates per anchor)``.
     """
     b, p, _ = anchors.shape
-    q = candidates.shape[1]
     total = anchors.new_zeros((), dtype=torch.float32)
+    for a, c, positives in negative_pools(anchors, candidates, targets, pool):
+        scores = score(a, c)  # [g·P, g·Q]
+        total = total + info_nce(scores, positives) * len(positives)
+    return total / (b * p), min(pool, b) * candidates.shape[1]
+
+
+def negative_pools(
+    anchors: torch.Tensor, candidates: torch.Tensor, targets: torch.Tensor, pool: int,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The pools of :func:`pooled_info_nce`: ``(a [g·P, Da], c [g·Q, Dc], positives [g·P])`` per ``g <= pool`` items.
+
+    Rows of ``a`` are the pool's anchors, item-major; rows of ``c`` its candidates, item-major;
+    ``positives`` the column of each anchor's positive in ``c`` (location ``targets[p]`` of its own item).
+    """
+    p, q = anchors.shape[1], candidates.shape[1]
     for a, c in zip(anchors.split(pool), candidates.split(pool)):
         g = a.shape[0]
-        scores = score(a.reshape(g * p, -1), c.reshape(g * q, -1))  # [g·P, g·Q]
         positives = (torch.arange(g, device=a.device)[:, None] * q + targets[None, :]).reshape(-1)  # [g·P]
-        total = total + info_nce(scores, positives) * (g * p)
-    return total / (b * p), min(pool, b) * q
+        yield a.reshape(g * p, -1), c.reshape(g * q, -1), positives

@@ -32,11 +32,22 @@ def spectral_contrastive_loss(z1: torch.Tensor, z2: torch.Tensor, mu: float = 1.
     B(B-1) pairs ``i != j`` of ``(z1_i . z2_j)^2`` (x and x- independent, so never the same
     image). Returns ``(-2 pos + neg) / mu`` after :func:`clip_norm`; computed in float32.
     """
-    b = z1.shape[0]
-    if b < 2:
+    if z1.shape[0] < 2:
         raise ValueError("the spectral contrastive loss needs at least 2 pairs per batch")
     z1, z2 = clip_norm(z1.float(), mu), clip_norm(z2.float(), mu)  # [B, D] each
-    pos = (z1 * z2).sum(1).mean()  # E[f(x)^T f(x+)]
-    sq = (z1 @ z2.T) ** 2  # [B, B] (f(x_i)^T f(x_j))^2
+    return spectral_loss_from_scores((z1 * z2).sum(1), z1 @ z2.T, mu)
+
+
+def spectral_loss_from_scores(positive: torch.Tensor, scores: torch.Tensor, mu: float = 1.0) -> torch.Tensor:
+    """The loss of :func:`spectral_contrastive_loss` from its similarities (after :func:`clip_norm`).
+
+    positive: [B] ``f(x_i)^T f(x_i+)``, the positive pairs; scores: [B, B] ``f(x_i)^T f(x_j+)``, whose
+    off-diagonal entries are the independent pairs (x, x-). ``(-2 mean(positive) + mean_{i != j} scores^2) / mu``.
+    """
+    b = scores.shape[0]
+    if b < 2:
+        raise ValueError("the spectral contrastive loss needs at least 2 pairs per batch")
+    pos = positive.mean()  # E[f(x)^T f(x+)]
+    sq = scores ** 2  # [B, B] (f(x_i)^T f(x_j))^2
     neg = (sq.sum() - sq.diagonal().sum()) / (b * (b - 1))  # mean over i != j
     return (-2 * pos + neg) / mu

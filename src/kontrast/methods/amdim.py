@@ -20,9 +20,10 @@ from kontrast.config import checked
 from kontrast.errors import UserError
 from kontrast.extract import LocalProjection, positions
 from kontrast.losses import mi_bound, score_penalty
-from kontrast.losses.local import global_local_nce
-from kontrast.methods import METHODS
-from kontrast.methods.base import Method
+from kontrast.losses.local import locations, positional_nce
+from kontrast.methods.base import Method, Progress
+from kontrast.registry import METHODS
+from kontrast.similarity import scaled_dot, soft_clip
 
 
 @dataclass(frozen=True)
@@ -48,22 +49,25 @@ class AMDIM(Method):
         super().__init__(encoder, params, num_samples)
         self.heads = nn.ModuleList(LocalProjection(d, params.n_rkhs) for d in encoder.map_dims[-3:])  # 7, 5, 1
 
-    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
+                      progress: Progress | None = None) -> dict[str, torch.Tensor]:
         p, b = self.params, views[0].shape[0]
         maps = self.encoder.forward_maps(torch.cat(views[:2]))[-3:]
         l7, l5, l1 = (head(m) for head, m in zip(self.heads, maps))  # [2B, R, h, w] each
         g = l1.mean(dim=(2, 3))  # [2B, R] global feature
+        images = torch.arange(b, device=g.device)  # [B] the image of each anchor row
         losses, regs, bounds = [], [], []
         for src, trg in ((slice(0, b), slice(b, 2 * b)), (slice(b, 2 * b), slice(0, b))):
             p5 = positions(l5[src])  # [B, 25, R]
             pick = torch.randint(p5.shape[1], (b,), device=p5.device)  # one random 5x5 location per image
             local = p5[torch.arange(b, device=p5.device), pick]  # [B, R]
             for anchor, target in ((g[src], l5[trg]), (g[src], l7[trg]), (local, l5[trg])):
-                loss, raw = global_local_nce(anchor, target, p.clip)
-                positions_per_image = target.shape[2] * target.shape[3]
+                n_loc = target.shape[2] * target.shape[3]  # L locations per image
+                raw = scaled_dot(anchor, locations(target))  # [B, B·L] a.b / sqrt(R) vs every location of every image
+                loss = positional_nce(soft_clip(raw, p.clip), images, n_loc)  # c tanh(s / c); own image's L: positives
                 losses.append(loss)
                 regs.append(score_penalty(raw))
-                bounds.append(mi_bound(loss, 1 + (b - 1) * positions_per_image))
+                bounds.append(mi_bound(loss, 1 + (b - 1) * n_loc))
         nce = torch.stack(losses).mean()
         return {"loss": nce + p.score_reg * torch.stack(regs).mean(), "nce": nce.detach(),
                 "mi_bound": torch.stack(bounds).mean()}

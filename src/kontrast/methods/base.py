@@ -1,18 +1,59 @@
 """What every method is: a composition of the five rooms behind two hooks.
 
-The training loop calls ``training_step(views, indices) -> {"loss": ..., ...}`` (``indices``:
-the batch's positions in the dataset, [B] long, for per-sample state such as memory banks) and then,
-after the optimizer step, ``after_step(progress)`` where stateful parts
-(queues, EMA targets, memory banks) are updated. The loop knows nothing else.
+The training loop knows nothing else about a method:
+
+``out = training_step(views, indices, progress)``
+    ``views``: the batch's views (one tensor per view); ``indices``: the batch's positions in the
+    dataset, [B] long, for per-sample state such as memory banks; ``progress``: where the run is
+    (a :class:`Progress` whose ``step`` counts the optimizer steps finished *before* this one).
+    Returns ``out``: ``"loss"`` (0-d, what is minimised), the 0-d metrics to log, and any
+    non-0-d tensors that ``after_step`` needs, under names each method documents (MoCo's
+    ``"keys"``, InstDisc's ``"indices"`` and ``"features"``). The loop logs the 0-d entries only
+    and hands the whole dict on.
+``after_step(out, progress)``
+    After the optimizer step, with that step's ``out`` and its :class:`Progress` (``step`` now
+    *including* this step): where stateful parts are updated (queues, EMA targets, memory banks).
+
+State flows through ``out``, never through hidden attributes, and time through ``progress``: no
+method keeps its own step counter. Outside training (unit tests, the benchmarks' callers of the
+method alone) ``progress`` may be None in ``training_step``: the method then acts as at step 0.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a training run is, as the loop passes it to both hooks.
+
+    step:            optimizer steps finished so far: in ``training_step`` the steps before this
+                     one, in ``after_step`` including this one
+    epoch:           0-based epoch of this step
+    total_steps:     steps of the whole run
+    steps_per_epoch: full batches per epoch (the loop drops the last partial batch)
+    """
+
+    step: int
+    epoch: int
+    total_steps: int
+    steps_per_epoch: int
+
+    @property
+    def fraction(self) -> float:
+        """``step / total_steps``: the share of the run done (momentum schedules read it in ``after_step``)."""
+        return self.step / self.total_steps
+
+    @property
+    def epochs_done(self) -> float:
+        """``step / steps_per_epoch`` as a float (0.0 when ``steps_per_epoch`` is 0): epoch-based switches read it."""
+        return self.step / self.steps_per_epoch if self.steps_per_epoch else 0.0
 
 
 class Method(nn.Module):
@@ -23,6 +64,8 @@ class Method(nn.Module):
     defaults) and optionally ``defaults`` (overrides of other config sections,
     e.g. BYOL's LARS optimizer). ``fixed_lr_modules`` names submodules whose
     learning rate stays at the peak instead of following the schedule (SimSiam's predictor).
+    ``retired_state`` names state-dict entries that checkpoints of older versions hold and this
+    one no longer keeps (SwAV's ``steps``); loading a checkpoint drops them.
     """
 
     name: ClassVar[str]
@@ -31,6 +74,7 @@ class Method(nn.Module):
     Params: ClassVar[type]
     defaults: ClassVar[Mapping[str, Any]] = {}
     fixed_lr_modules: tuple[str, ...] = ()
+    retired_state: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, encoder: nn.Module, params: Any, num_samples: int = 0):
         super().__init__()
@@ -38,16 +82,18 @@ class Method(nn.Module):
         self.params = params
         self.num_samples = num_samples  # training-set size, for per-sample state (0 when unknown)
 
-    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
+                      progress: Progress | None = None) -> dict[str, torch.Tensor]:
+        """Forward and loss: ``{"loss": 0-d, <0-d metrics>, <state for after_step>}`` (module docstring)."""
         raise NotImplementedError
 
-    def after_step(self, progress: float) -> None:
-        """Update stateful parts after the optimizer step; ``progress`` = finished steps / total."""
+    def after_step(self, out: dict[str, torch.Tensor], progress: Progress) -> None:
+        """Update stateful parts after the optimizer step from ``out`` (this step's ``training_step`` output)."""
 
     def bind_data(self, data: Any) -> str | None:
-        """Receive the training :class:`~kontrast.data.ImageSet` once, before training.
+        """Receive the training set (:class:`~kontrast.data.Samples`) once, before training.
 
-        For per-sample data a method needs beside the images (CLIP's captions), looked up
+        For per-sample data a method needs beside the inputs (CLIP's captions), looked up
         with ``indices`` in ``training_step``; kept out of checkpoints (it is data, not state).
         Returns an optional one-line note for the log. Most methods need nothing.
         """

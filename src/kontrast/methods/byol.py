@@ -18,9 +18,9 @@ import torch.nn as nn
 from kontrast.config import checked
 from kontrast.encoders.target import MomentumTarget, cosine_momentum
 from kontrast.extract import mlp
-from kontrast.losses import normalized_mse
-from kontrast.methods import METHODS
-from kontrast.methods.base import Method, embedding_std
+from kontrast.methods.base import Method, Progress, embedding_std
+from kontrast.registry import METHODS
+from kontrast.similarity import paired_cosine
 
 
 @dataclass(frozen=True)
@@ -47,14 +47,17 @@ class BYOL(Method):
     def _online(self) -> nn.Module:
         return nn.Sequential(self.encoder, self.projector)
 
-    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
+                      progress: Progress | None = None) -> dict[str, torch.Tensor]:
         b = views[0].shape[0]
         x = torch.cat(views[:2])  # [2B, C, H, W]
         z = self.projector(self.encoder(x))  # [2B, proj_dim]
         p = self.predictor(z)  # [2B, proj_dim]
         t = self.target(x).detach()  # [2B, proj_dim] target projections
-        loss = normalized_mse(p[:b], t[b:]) + normalized_mse(p[b:], t[:b])
+        sim_12 = paired_cosine(p[:b], t[b:])  # [B] cos(q(z_1), z'_2): view 1's prediction vs view 2's target
+        sim_21 = paired_cosine(p[b:], t[:b])  # [B] the swapped pair
+        loss = (2 - 2 * sim_12).mean() + (2 - 2 * sim_21).mean()  # normalised MSE |p/|p| - t/|t||^2 = 2 - 2 cos (eq. 2)
         return {"loss": loss, "embedding_std": embedding_std(z[:b])}
 
-    def after_step(self, progress: float) -> None:
-        self.target.update(self._online(), cosine_momentum(self.params.base_momentum, progress))
+    def after_step(self, out: dict[str, torch.Tensor], progress: Progress) -> None:
+        self.target.update(self._online(), cosine_momentum(self.params.base_momentum, progress.fraction))

@@ -23,8 +23,8 @@ from kontrast.data.captions import captions_for
 from kontrast.encoders.text import TextTransformer, tokenize
 from kontrast.errors import UserError
 from kontrast.losses.symmetric import symmetric_info_nce
-from kontrast.methods import METHODS
-from kontrast.methods.base import Method, embedding_std
+from kontrast.methods.base import Method, Progress, embedding_std
+from kontrast.registry import METHODS
 from kontrast.similarity import cosine
 
 
@@ -70,16 +70,17 @@ class CLIP(Method):
     def encode_text(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.text_projection(self.text(tokens))  # [B, embed_dim]
 
-    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
+                      progress: Progress | None = None) -> dict[str, torch.Tensor]:
         if indices is None or len(self.tokens) == 0:
             raise UserError("clip trains on image-caption pairs: call bind_data(training set) and pass the batch's indices")
         img = self.encode_image(views[0])  # [B, embed_dim]
         txt = self.encode_text(self.tokens[indices])  # [B, embed_dim]
         scale = self.logit_scale.exp()
         scores = cosine(img, txt) * scale  # [B, B] image i vs caption j
-        loss = symmetric_info_nce(scores)
+        loss = symmetric_info_nce(scores)  # InfoNCE over rows (image -> caption) and columns, averaged
         return {"loss": loss, "temperature": 1 / scale.detach(), "embedding_std": embedding_std(img)}
 
-    def after_step(self, progress: float) -> None:
+    def after_step(self, out: dict[str, torch.Tensor], progress: Progress) -> None:
         with torch.no_grad():
             self.logit_scale.clamp_(0.0, math.log(self.params.max_logit_scale))

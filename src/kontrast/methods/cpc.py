@@ -19,10 +19,10 @@ import torch.nn as nn
 from kontrast.config import checked
 from kontrast.errors import UserError
 from kontrast.extract import GRUContext, PooledContext
-from kontrast.losses import mi_bound
-from kontrast.losses.local import pooled_info_nce
-from kontrast.methods import METHODS
-from kontrast.methods.base import Method
+from kontrast.losses import info_nce, mi_bound
+from kontrast.losses.local import negative_pools
+from kontrast.methods.base import Method, Progress
+from kontrast.registry import METHODS
 from kontrast.similarity import bilinear
 
 
@@ -48,16 +48,20 @@ class CPC(Method):
         # one W_k per step: [K, D_z, D_c]; near zero at start, so candidates score alike and the loss starts at ~log N
         self.predictors = nn.Parameter(torch.randn(params.steps, encoder.dim, params.context_dim) * 0.01 / params.context_dim**0.5)
 
-    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
+                      progress: Progress | None = None) -> dict[str, torch.Tensor]:
         z, c = self.encoder.forward_sequence(views[0])  # [B, T, D], [B, T, H]
-        t, steps = z.shape[1], self.params.steps
+        (b, t), steps, pool = z.shape[:2], self.params.steps, self.params.negative_pool
         if t <= steps:
             raise UserError(f"cpc: sequences give {t} encoder steps, need more than method.steps={steps}")
         losses, bounds = [], []
         for k in range(1, steps + 1):
             targets = torch.arange(k, t, device=z.device)  # [T-k]: z_{t+k} for anchors c_0 .. c_{T-k-1}
-            loss_k, n = pooled_info_nce(c[:, : t - k], z, targets, lambda a, b: bilinear(a, b, self.predictors[k - 1]),
-                                        self.params.negative_pool)  # c_t vs every z in the pool
+            total = c.new_zeros((), dtype=torch.float32)
+            for anchors, candidates, positives in negative_pools(c[:, : t - k], z, targets, pool):  # g sequences each
+                scores = bilinear(anchors, candidates, self.predictors[k - 1])  # [g(T-k), gT] z_j^T W_k c_t (eq. 3)
+                total = total + info_nce(scores, positives) * len(positives)  # eq. 4: c_t picks z_{t+k}
+            loss_k = total / (b * (t - k))  # mean over all B (T-k) anchors
             losses.append(loss_k)
-            bounds.append(mi_bound(loss_k, n))
+            bounds.append(mi_bound(loss_k, min(pool, b) * t))
         return {"loss": torch.stack(losses).mean(), "mi_bound": torch.stack(bounds).mean()}

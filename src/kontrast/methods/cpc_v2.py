@@ -20,10 +20,10 @@ from kontrast.config import checked
 from kontrast.encoders.patches import PatchGridEncoder
 from kontrast.errors import UserError
 from kontrast.extract import GridContext, positions
-from kontrast.losses import mi_bound
-from kontrast.losses.local import pooled_info_nce
-from kontrast.methods import METHODS
-from kontrast.methods.base import Method
+from kontrast.losses import info_nce, mi_bound
+from kontrast.losses.local import negative_pools
+from kontrast.methods.base import Method, Progress
+from kontrast.registry import METHODS
 from kontrast.similarity import bilinear
 
 
@@ -54,18 +54,23 @@ class CPCV2(Method):
         n = params.max_offset - params.min_offset + 1
         self.predictors = nn.Parameter(torch.randn(n, d, d) * 0.01 / d**0.5)  # W_k: [K, D_z, D_c]; small: loss starts at ~log N
 
-    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
+                      progress: Progress | None = None) -> dict[str, torch.Tensor]:
         p = self.params
         z = self.encoder.forward_grid(views[0])  # [B, D, gh, gw]
         c = self.context(z)  # [B, D, gh, gw]; row i sees rows <= i
-        gh, gw = z.shape[2:]
+        b, (gh, gw) = z.shape[0], z.shape[2:]
         if gh <= p.max_offset:
             raise UserError(f"cpc_v2: the patch grid has {gh} rows, need more than method.max_offset={p.max_offset}")
         losses, bounds = [], []
         for i, k in enumerate(range(p.min_offset, p.max_offset + 1)):
             targets = torch.arange(k * gw, gh * gw, device=z.device)  # [(gh-k)·gw]: (row + k, col), row-major
-            loss_k, n = pooled_info_nce(positions(c[:, :, : gh - k]), positions(z), targets,
-                                        lambda a, b: bilinear(a, b, self.predictors[i]), p.negative_pool)
+            anchors = positions(c[:, :, : gh - k])  # [B, (gh-k)·gw, D] contexts c_{i,j}
+            total = anchors.new_zeros((), dtype=torch.float32)
+            for a, cand, positives in negative_pools(anchors, positions(z), targets, p.negative_pool):  # g images each
+                scores = bilinear(a, cand, self.predictors[i])  # [g(gh-k)gw, g·gh·gw] z^T W_k c_{i,j}
+                total = total + info_nce(scores, positives) * len(positives)  # c_{i,j} picks z_{i+k,j}
+            loss_k = total / (b * (gh - k) * gw)  # mean over all anchors
             losses.append(loss_k)
-            bounds.append(mi_bound(loss_k, n))
+            bounds.append(mi_bound(loss_k, min(p.negative_pool, b) * gh * gw))
         return {"loss": torch.stack(losses).mean(), "mi_bound": torch.stack(bounds).mean()}

@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kontrast.config import checked
-from kontrast.methods import METHODS
 from kontrast.methods.moco_v2 import MoCoV2, MoCoV2Params
+from kontrast.registry import METHODS
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ CIFAR defaults from the authors' ``cifar.py`` (github.com/zhirongw/lemniscate.py
 version; the first release had lr 0.1): tau 0.1, m 4096, 128-d, bank momentum 0.5, SGD lr 0.03 at
 batch 128, weight decay 5e-4. The bank has ``num_samples`` rows (the training-set size, from the
 loop). Besides the loss, ``training_step`` reports ``log_z`` and ``pos_sim`` (mean cosine of f_i to
-its bank entry: near 0 while the bank is random or stale, rising as the features settle).
+its bank entry: near 0 while the bank is random or stale, rising as the features settle), and returns
+the bank update for ``after_step``: ``out["indices"]`` [B] (the rows) and ``out["features"]`` [B, D] (f).
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ from kontrast.config import checked
 from kontrast.errors import UserError
 from kontrast.extract import mlp
 from kontrast.losses import MemoryBank, estimate_log_z, nce_loss
-from kontrast.methods import METHODS
-from kontrast.methods.base import Method, embedding_std
+from kontrast.methods.base import Method, Progress, embedding_std
+from kontrast.registry import METHODS
 
 
 @dataclass(frozen=True)
@@ -61,9 +62,9 @@ class InstDisc(Method):
         self.projector = mlp([encoder.dim, params.proj_dim], last_norm=params.head_bn)
         self.bank = MemoryBank(num_samples, params.proj_dim, params.bank_momentum)
         self.register_buffer("log_z", torch.tensor(float("nan")))  # the last estimate; NaN until the first
-        self._pending: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
+                      progress: Progress | None = None) -> dict[str, torch.Tensor]:
         p, n = self.params, self.num_samples
         if indices is None or n == 0:
             raise UserError("instdisc needs each image's dataset index and the training-set size; train it "
@@ -71,18 +72,16 @@ class InstDisc(Method):
         f = F.normalize(self.projector(self.encoder(views[0])).float(), dim=1)  # [B, D]
         noise = self.bank.items[self.bank.sample(p.noise_samples)]  # [m, D], shared by the batch
         v = self.bank.items[indices]  # [B, D] own entries, before this step's update
-        pos = (f * v).sum(1) / p.temperature  # [B]
-        neg = f @ noise.T / p.temperature  # [B, m]
+        pos = (f * v).sum(1) / p.temperature  # [B] v_i.f_i / tau
+        neg = f @ noise.T / p.temperature  # [B, m] v_j.f_i / tau
         if p.z_estimate == "step" or torch.isnan(self.log_z):  # "once": the first batch's estimate, then fixed
             self.log_z.copy_(estimate_log_z(neg, n))  # eq. 5 on this step's B x m noise scores, no gradient
         loss = nce_loss(pos, neg, self.log_z, n)
         if p.proximal:
             loss = loss + p.proximal * ((f - v) ** 2).sum(1).mean()
-        self._pending = (indices, f.detach())
         return {"loss": loss, "embedding_std": embedding_std(f), "log_z": self.log_z.clone(),
-                "pos_sim": (f.detach() * v).sum(1).mean()}  # cosine of f_i to its own bank entry v_i
+                "pos_sim": (f.detach() * v).sum(1).mean(),  # cosine of f_i to its own bank entry v_i
+                "indices": indices, "features": f.detach()}  # [B], [B, D]: the bank rows after_step moves
 
-    def after_step(self, progress: float) -> None:
-        if self._pending is not None:
-            self.bank.update(*self._pending)
-            self._pending = None
+    def after_step(self, out: dict[str, torch.Tensor], progress: Progress) -> None:
+        self.bank.update(out["indices"], out["features"])

@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from kontrast.errors import UserError
 from kontrast.extract import mlp
 from kontrast.losses import mi_bound, two_view_info_nce
-from kontrast.methods import METHODS
-from kontrast.methods.base import Method, embedding_std
+from kontrast.methods.base import Method, Progress, embedding_std
+from kontrast.registry import METHODS
 from kontrast.similarity import concat_sum_scores, kernel_scores, simple_sum_scores
 
 KERNELS = ("gaussian", "laplacian", "gamma", "simple_sum", "concat_sum")
@@ -72,14 +72,17 @@ class KernelInfoNCE(Method):
     description = "Kernel-InfoNCE: InfoNCE with Gaussian/Laplacian kernels and their mixtures (Tan et al. 2024)"
     recipe = "simclr_cifar"
     Params = KernelInfoNCEParams
+    defaults = {"optim": {"name": "sgd", "lr": 0.06, "lr_batch": 256, "momentum": 0.9, "weight_decay": 5e-4}}  # SimCLR's
 
     def __init__(self, encoder, params: KernelInfoNCEParams, num_samples: int = 0):
         super().__init__(encoder, params, num_samples)
         hidden = params.proj_hidden or encoder.dim
         self.projector = mlp([encoder.dim, hidden, params.proj_dim])
 
-    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
+                      progress: Progress | None = None) -> dict[str, torch.Tensor]:
         b = views[0].shape[0]
         z = F.normalize(self.projector(self.encoder(torch.cat(views[:2]))).float(), dim=1)  # [2B, proj_dim]
-        loss = two_view_info_nce(scores(self.params, z, z), b)  # [2B, 2B] log-kernels, self masked
+        s = scores(self.params, z, z)  # [2B, 2B] log k(z_i, z_j)
+        loss = two_view_info_nce(s, b)  # NT-Xent's targets: row i picks its image's other view; diagonal masked
         return {"loss": loss, "embedding_std": embedding_std(z[:b]), "mi_bound": mi_bound(loss, 2 * b - 1)}

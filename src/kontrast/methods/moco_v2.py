@@ -1,7 +1,8 @@
 """MoCo v2: momentum key encoder + queue of negatives (Chen et al. 2020, https://arxiv.org/abs/2003.04297).
 
 augment: MoCo v2 recipe (crop 0.2-1, jitter, grayscale, blur) -> encoder
--> mlp(dim, 2048, 128) -> cosine / tau against [key, queue] -> InfoNCE.
+-> mlp(dim, 2048, 128) -> cosine / tau against [key, queue] -> InfoNCE. ``training_step`` returns the
+step's momentum keys as ``out["keys"]``; ``after_step`` L2-normalises them into the queue.
 Paper: tau = 0.2, MLP head, momentum 0.999, queue 65536 (ImageNet).
 CIFAR-scale defaults, from the authors' CIFAR-10 demo (facebookresearch/moco,
 colab notebook): queue 4096, momentum 0.99, symmetric loss, SGD lr 0.06,
@@ -23,9 +24,10 @@ from kontrast.encoders.batchnorm import grouped_forward, shuffled_forward
 from kontrast.encoders.target import MomentumTarget
 from kontrast.errors import UserError
 from kontrast.extract import mlp
-from kontrast.losses import Queue, mi_bound, moco_loss
-from kontrast.methods import METHODS
-from kontrast.methods.base import Method, embedding_std
+from kontrast.losses import Queue, info_nce, mi_bound
+from kontrast.methods.base import Method, Progress, embedding_std
+from kontrast.registry import METHODS
+from kontrast.similarity import moco_scores
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,7 @@ class MoCoV2(Method):
     description = "MoCo v2: momentum encoder, queue of negatives, MLP head (Chen et al. 2020)"
     recipe = "moco_v2"
     Params = MoCoV2Params
+    defaults = {"optim": {"name": "sgd", "lr": 0.06, "lr_batch": 256, "momentum": 0.9, "weight_decay": 5e-4}}
 
     def __init__(self, encoder, params: MoCoV2Params, num_samples: int = 0):
         super().__init__(encoder, params, num_samples)
@@ -63,12 +66,12 @@ class MoCoV2(Method):
         self.projector = mlp([encoder.dim, *hidden, params.proj_dim], norm=params.proj_bn)
         self.target = MomentumTarget(self._online())
         self.queue = Queue(params.queue_size, params.proj_dim)
-        self._keys: torch.Tensor | None = None
 
     def _online(self) -> nn.Module:
         return nn.Sequential(self.encoder, self.projector)
 
-    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
+                      progress: Progress | None = None) -> dict[str, torch.Tensor]:
         p, b = self.params, views[0].shape[0]
         x = torch.cat(views[:2])  # [2B, C, H, W]
         q = grouped_forward(self._online(), x, p.bn_groups)  # [2B, proj_dim] queries
@@ -76,17 +79,16 @@ class MoCoV2(Method):
             k = shuffled_forward(self.target.net, x, p.bn_groups)  # [2B, proj_dim] keys, shuffled BN
         q1, q2, k1, k2 = q[:b], q[b:], k[:b], k[b:]
         queue = self.queue.items.clone()  # [K, proj_dim] negatives before this step's push
-        loss = moco_loss(q1, k2, queue, p.temperature)
+        positives = torch.zeros(b, dtype=torch.long, device=q.device)  # [B] column 0: the key of the same image
+        scores = moco_scores(q1, k2, queue, p.temperature)  # [B, 1+K] cos(q1, [k2, queue]) / tau
+        loss = info_nce(scores, positives)
         if p.symmetric:
-            loss = (loss + moco_loss(q2, k1, queue, p.temperature)) / 2
-            self._keys = k
-        else:
-            self._keys = k2
+            scores = moco_scores(q2, k1, queue, p.temperature)  # [B, 1+K] cos(q2, [k1, queue]) / tau
+            loss = (loss + info_nce(scores, positives)) / 2
         n = 1 + queue.shape[0]  # candidates per query: its key and the queue
-        return {"loss": loss, "embedding_std": embedding_std(q1), "mi_bound": mi_bound(loss, n)}
+        return {"loss": loss, "embedding_std": embedding_std(q1), "mi_bound": mi_bound(loss, n),
+                "keys": k if p.symmetric else k2}  # [2B or B, proj_dim] for the queue, pushed in after_step
 
-    def after_step(self, progress: float) -> None:
+    def after_step(self, out: dict[str, torch.Tensor], progress: Progress) -> None:
         self.target.update(self._online(), self.params.momentum)
-        if self._keys is not None:
-            self.queue.push(nn.functional.normalize(self._keys.float(), dim=1))
-            self._keys = None
+        self.queue.push(nn.functional.normalize(out["keys"].float(), dim=1))

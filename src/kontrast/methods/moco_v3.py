@@ -24,8 +24,8 @@ from kontrast.encoders.batchnorm import grouped_forward
 from kontrast.encoders.target import MomentumTarget, cosine_momentum
 from kontrast.extract import mlp
 from kontrast.losses import info_nce, mi_bound
-from kontrast.methods import METHODS
-from kontrast.methods.base import Method, embedding_std
+from kontrast.methods.base import Method, Progress, embedding_std
+from kontrast.registry import METHODS
 from kontrast.similarity import cosine
 
 
@@ -43,8 +43,9 @@ def contrast(q: torch.Tensor, k: torch.Tensor, temperature: float) -> torch.Tens
 
     Row i's positive is k_i; the other B - 1 keys are its negatives.
     """
-    positives = torch.arange(q.shape[0], device=q.device)  # [B]
-    return info_nce(cosine(q, k, temperature), positives) * 2 * temperature
+    scores = cosine(q, k, temperature)  # [B, B] cos(q_i, k_j) / tau
+    positives = torch.arange(q.shape[0], device=q.device)  # [B] the diagonal
+    return info_nce(scores, positives) * 2 * temperature
 
 
 @METHODS.register("moco_v3")
@@ -63,7 +64,8 @@ class MoCoV3(Method):
     def _online(self) -> nn.Module:
         return nn.Sequential(self.encoder, self.projector)
 
-    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
+                      progress: Progress | None = None) -> dict[str, torch.Tensor]:
         p, b = self.params, views[0].shape[0]
         x = torch.cat(views[:2])  # [2B, C, H, W]
         z = grouped_forward(self._online(), x, 2)  # [2B, proj_dim], BN per view
@@ -75,5 +77,5 @@ class MoCoV3(Method):
         return {"loss": loss, "embedding_std": embedding_std(z[:b]),
                 "mi_bound": mi_bound(loss / (4 * p.temperature), b)}
 
-    def after_step(self, progress: float) -> None:
-        self.target.update(self._online(), cosine_momentum(self.params.base_momentum, progress))
+    def after_step(self, out: dict[str, torch.Tensor], progress: Progress) -> None:
+        self.target.update(self._online(), cosine_momentum(self.params.base_momentum, progress.fraction))

@@ -14,9 +14,10 @@ import torch
 
 from kontrast.config import checked
 from kontrast.extract import mlp
-from kontrast.losses import mi_bound, nt_xent
-from kontrast.methods import METHODS
-from kontrast.methods.base import Method, embedding_std
+from kontrast.losses import mi_bound, nt_xent, two_view_info_nce, use_blocks
+from kontrast.methods.base import Method, Progress, embedding_std
+from kontrast.registry import METHODS
+from kontrast.similarity import cosine
 
 
 @dataclass(frozen=True)
@@ -31,15 +32,20 @@ class SimCLR(Method):
     description = "SimCLR v1: two views, in-batch negatives, NT-Xent (Chen et al. 2020)"
     recipe = "simclr_cifar"
     Params = SimCLRParams
+    defaults = {"optim": {"name": "sgd", "lr": 0.06, "lr_batch": 256, "momentum": 0.9, "weight_decay": 5e-4}}
 
     def __init__(self, encoder, params: SimCLRParams, num_samples: int = 0):
         super().__init__(encoder, params, num_samples)
         hidden = params.proj_hidden or encoder.dim
         self.projector = mlp([encoder.dim, hidden, params.proj_dim])
 
-    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        b = views[0].shape[0]
-        z = self.projector(self.encoder(torch.cat(views[:2])))  # [2B, proj_dim]
-        z1, z2 = z[:b], z[b:]  # [B, proj_dim] each
-        loss = nt_xent(z1, z2, self.params.temperature)
-        return {"loss": loss, "embedding_std": embedding_std(z1), "mi_bound": mi_bound(loss, 2 * b - 1)}
+    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
+                      progress: Progress | None = None) -> dict[str, torch.Tensor]:
+        tau, b = self.params.temperature, views[0].shape[0]
+        z = self.projector(self.encoder(torch.cat(views[:2])))  # [2B, proj_dim]: view 1 of every image, then view 2
+        if use_blocks(2 * b, 2 * b):  # batch over 512: the same loss, scores formed in row blocks (losses/chunked.py)
+            loss = nt_xent(z[:b], z[b:], tau)
+        else:
+            scores = cosine(z, z, tau)  # [2B, 2B] sim(z_i, z_j) / tau
+            loss = two_view_info_nce(scores, b)  # NT-Xent (eq. 1): row i picks its image's other view; diagonal masked
+        return {"loss": loss, "embedding_std": embedding_std(z[:b]), "mi_bound": mi_bound(loss, 2 * b - 1)}

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 from kontrast.errors import UserError
 from kontrast.extract import EncoderWithHead, mlp, split_mlp
-from kontrast.methods import METHODS
 from kontrast.methods.base import Method
 from kontrast.methods.simclr import SimCLR
+from kontrast.registry import METHODS
 
 
 @dataclass(frozen=True)

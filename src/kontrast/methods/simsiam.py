@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import torch
 
 from kontrast.extract import mlp
-from kontrast.losses import negative_cosine
-from kontrast.methods import METHODS
-from kontrast.methods.base import Method, embedding_std
+from kontrast.methods.base import Method, Progress, embedding_std
+from kontrast.registry import METHODS
+from kontrast.similarity import paired_cosine
 
 
 @dataclass(frozen=True)
@@ -51,10 +51,13 @@ class SimSiam(Method):
         self.predictor = mlp([params.proj_dim, params.pred_hidden, params.proj_dim])
         self.fixed_lr_modules = ("predictor",) if params.fix_pred_lr else ()
 
-    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
+                      progress: Progress | None = None) -> dict[str, torch.Tensor]:
         b = views[0].shape[0]
         z = torch.cat([self.projector(self.encoder(v)) for v in views[:2]])  # [2B, proj_dim]; BN statistics per view
         p = self.predictor(z)  # [2B, proj_dim]
         t = z.detach() if self.params.stop_gradient else z  # [2B, proj_dim] targets
-        loss = (negative_cosine(p[:b], t[b:]) + negative_cosine(p[b:], t[:b])) / 2
+        sim_12 = paired_cosine(p[:b], t[b:])  # [B] cos(p1, sg(z2))
+        sim_21 = paired_cosine(p[b:], t[:b])  # [B] cos(p2, sg(z1))
+        loss = (-sim_12.mean() + -sim_21.mean()) / 2  # D(p1, z2) / 2 + D(p2, z1) / 2, D = negative cosine
         return {"loss": loss, "embedding_std": embedding_std(z[:b])}

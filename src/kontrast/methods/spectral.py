@@ -15,9 +15,10 @@ from dataclasses import dataclass
 import torch
 
 from kontrast.extract import mlp
-from kontrast.losses import spectral_contrastive_loss
-from kontrast.methods import METHODS
-from kontrast.methods.base import Method, embedding_std
+from kontrast.losses import spectral_loss_from_scores
+from kontrast.losses.spectral import clip_norm
+from kontrast.methods.base import Method, Progress, embedding_std
+from kontrast.registry import METHODS
 
 
 @dataclass(frozen=True)
@@ -38,8 +39,12 @@ class Spectral(Method):
         super().__init__(encoder, params, num_samples)
         self.projector = mlp([encoder.dim, params.proj_hidden, params.proj_dim], last_norm=True)
 
-    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        b = views[0].shape[0]
+    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
+                      progress: Progress | None = None) -> dict[str, torch.Tensor]:
+        b, mu = views[0].shape[0], self.params.mu
         z = self.projector(self.encoder(torch.cat(views[:2])))  # [2B, proj_dim], not normalised
-        loss = spectral_contrastive_loss(z[:b], z[b:], self.params.mu)
+        z1, z2 = clip_norm(z[:b].float(), mu), clip_norm(z[b:].float(), mu)  # [B, D] each, norms at most sqrt(mu)
+        positive = (z1 * z2).sum(1)  # [B] f(x_i).f(x_i+)
+        scores = z1 @ z2.T  # [B, B] f(x_i).f(x_j+); off the diagonal the independent pairs (x, x-)
+        loss = spectral_loss_from_scores(positive, scores, mu)  # (-2 E[f(x).f(x+)] + E[(f(x).f(x-))^2]) / mu
         return {"loss": loss, "embedding_std": embedding_std(z[:b])}

@@ -8,7 +8,9 @@ crop with softmax(scores / τ), τ = 0.1. Optional queue of past global-crop emb
 prototypes get no gradient for the first ``freeze_prototypes_epochs`` epochs.
 CIFAR defaults from solo-learn's CIFAR recipe: 3000 prototypes, queue 3840 from epoch 50,
 prototypes frozen for 2 epochs, LARS lr 0.6 x batch/256, weight decay 1e-6, 10 warm-up epochs.
-Epoch-based switches count finished steps (a checkpointed buffer) against num_samples // batch.
+Epoch-based switches read ``progress.epochs_done`` (finished steps / steps per epoch; without a
+``progress``, as outside training, epoch 0). Once the queue is in use ``training_step`` returns the
+global crops' embeddings as ``out["keys"]`` [global_views, B, proj_dim], pushed by ``after_step``.
 Scores, codes and loss run in float32, Sinkhorn-Knopp in the log domain (docs/methods.md, "SwAV").
 """
 
@@ -26,8 +28,9 @@ from kontrast.errors import UserError
 from kontrast.extract import Prototypes, mlp
 from kontrast.losses import Queue
 from kontrast.losses.swav import sinkhorn, swapped_prediction
-from kontrast.methods import METHODS
-from kontrast.methods.base import Method, embedding_std
+from kontrast.methods.base import Method, Progress, embedding_std
+from kontrast.precision import float32
+from kontrast.registry import METHODS
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ class SwAV(Method):
     recipe = "swav_multicrop"
     Params = SwAVParams
     defaults = {"optim": {"name": "lars", "lr": 0.6, "weight_decay": 1e-6, "warmup_epochs": 10.0}}
+    retired_state = ("steps",)  # the step counter older versions kept; epochs now come from progress
 
     def __init__(self, encoder, params: SwAVParams, num_samples: int = 0):
         super().__init__(encoder, params, num_samples)
@@ -66,35 +70,29 @@ class SwAV(Method):
         self.prototypes = Prototypes(params.proj_dim, params.num_prototypes)
         self.queues = nn.ModuleList(Queue(params.queue_size, params.proj_dim) for _ in range(params.global_views)
                                     if params.queue_size > 0)
-        self.register_buffer("steps", torch.zeros((), dtype=torch.long))  # finished optimizer steps
-        self._keys: torch.Tensor | None = None
 
-    def _epochs_done(self, batch: int) -> float:
-        per_epoch = self.num_samples // batch
-        return int(self.steps) / per_epoch if per_epoch else 0.0
-
-    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
+                      progress: Progress | None = None) -> dict[str, torch.Tensor]:
         p, b, n_views = self.params, views[0].shape[0], len(views)
-        epochs = self._epochs_done(b)
+        epochs = progress.epochs_done if progress is not None else 0.0
         z = F.normalize(self.projector(encode_views(self.encoder, views)), dim=1)  # [V*B, proj_dim]
         frozen = self.num_samples > 0 and epochs < p.freeze_prototypes_epochs
-        with torch.autocast(z.device.type, enabled=False):  # scores and codes in float32 (exp(s / ε) is sensitive)
-            scores = self.prototypes(z.float(), frozen=frozen).view(n_views, b, -1)  # [V, B, K]
+        with float32(z):  # scores and codes in float32 (exp(s / ε) is sensitive)
+            scores = self.prototypes(z.float(), frozen=frozen).view(n_views, b, -1)  # [V, B, K] cos(z, c_k)
             codes = []
             for a in range(p.global_views):
                 s = scores[a].detach()  # [B, K]
                 if self.queues and int(self.queues[a].filled) == p.queue_size:  # a full queue joins the transport
                     s = torch.cat([s, self.prototypes(self.queues[a].items)])  # [B+Q, K]
                 codes.append(sinkhorn(s, p.sinkhorn_epsilon, p.sinkhorn_iterations)[:b])  # [B, K]
-        loss = swapped_prediction(scores, torch.stack(codes), p.temperature)
-        use_queue = self.queues and self.num_samples > 0 and epochs >= p.queue_start_epochs
-        self._keys = z[: p.global_views * b].detach().view(p.global_views, b, -1) if use_queue else None
-        return {"loss": loss, "embedding_std": embedding_std(z[:b]), "prototypes_frozen": torch.tensor(float(frozen))}
+        loss = swapped_prediction(scores, torch.stack(codes), p.temperature)  # -sum_k q_k log softmax(scores / tau)_k
+        out = {"loss": loss, "embedding_std": embedding_std(z[:b]), "prototypes_frozen": torch.tensor(float(frozen))}
+        if self.queues and self.num_samples > 0 and epochs >= p.queue_start_epochs:
+            out["keys"] = z[: p.global_views * b].detach().view(p.global_views, b, -1)  # [A, B, proj_dim] to queue
+        return out
 
-    def after_step(self, progress: float) -> None:
+    def after_step(self, out: dict[str, torch.Tensor], progress: Progress) -> None:
         self.prototypes.normalize_()
-        self.steps += 1
-        if self._keys is not None:
-            for queue, keys in zip(self.queues, self._keys):
+        if "keys" in out:
+            for queue, keys in zip(self.queues, out["keys"]):
                 queue.push(keys.float())
-            self._keys = None

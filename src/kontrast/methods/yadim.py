@@ -9,7 +9,7 @@ each taken from an existing method.
 3. extract: the last feature map only, through AMDIM's 1x1 head (``LocalProjection``)
 4. similarity: dot product (AMDIM's scaled, soft-clipped form)
 5. loss: NCE of one view's global feature against every location of the other view's last map
-   (AMDIM's ``global_local_nce``), both directions
+   (AMDIM's ``global_local_nce``, written out in ``training_step``), both directions
 
 Optimizer and score settings are AMDIM's.
 """
@@ -23,10 +23,11 @@ import torch
 from kontrast.config import checked
 from kontrast.extract import LocalProjection
 from kontrast.losses import mi_bound, score_penalty
-from kontrast.losses.local import global_local_nce
-from kontrast.methods import METHODS
+from kontrast.losses.local import locations, positional_nce
 from kontrast.methods.amdim import AMDIM_OPTIM
-from kontrast.methods.base import Method
+from kontrast.methods.base import Method, Progress
+from kontrast.registry import METHODS
+from kontrast.similarity import scaled_dot, soft_clip
 
 
 @dataclass(frozen=True)
@@ -53,16 +54,19 @@ class YADIM(Method):
             return self.encoder.forward_maps(x)[-1]  # [2B, C, h, w]
         return self.encoder(x)[:, :, None, None]  # a vector encoder: a 1x1 map
 
-    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
+                      progress: Progress | None = None) -> dict[str, torch.Tensor]:
         p, b = self.params, views[0].shape[0]
         f = self.head(self._last_map(torch.cat(views[:2])))  # [2B, R, h, w]
         g = f.mean(dim=(2, 3))  # [2B, R]
+        images, n_loc = torch.arange(b, device=g.device), f.shape[2] * f.shape[3]  # [B]; L locations per image
         losses, regs, bounds = [], [], []
         for src, trg in ((slice(0, b), slice(b, 2 * b)), (slice(b, 2 * b), slice(0, b))):
-            loss, raw = global_local_nce(g[src], f[trg], p.clip)
+            raw = scaled_dot(g[src], locations(f[trg]))  # [B, B·L] a.b / sqrt(R): vs every location of the other view
+            loss = positional_nce(soft_clip(raw, p.clip), images, n_loc)  # c tanh(s / c); own image's L: positives
             losses.append(loss)
             regs.append(score_penalty(raw))
-            bounds.append(mi_bound(loss, 1 + (b - 1) * f.shape[2] * f.shape[3]))
+            bounds.append(mi_bound(loss, 1 + (b - 1) * n_loc))
         nce = torch.stack(losses).mean()
         return {"loss": nce + p.score_reg * torch.stack(regs).mean(), "nce": nce.detach(),
                 "mi_bound": torch.stack(bounds).mean()}

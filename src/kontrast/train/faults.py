@@ -1,7 +1,9 @@
 """Fault injection for the reliability tests: crashes, signals and NaNs at chosen steps.
 
-Read from the environment variable ``KONTRAST_FAULTS`` (unset in normal use, where every
-hook is a no-op), a comma-separated list of ``name=value``:
+A hook object handed to :func:`kontrast.train.fit` (and by it to the checkpoint writer):
+:class:`NoFaults` does nothing and is the default; :class:`Faults` injects what
+``KONTRAST_FAULTS`` asks for (the CLI builds it with :meth:`Faults.from_env`), a
+comma-separated list of ``name=value``:
 
 * ``kill_after_step=N``: ``SIGKILL`` this process right after step N (before any checkpoint
   of step N is written), like ``kill -9`` or a node dying.
@@ -24,6 +26,7 @@ ENV_VAR = "KONTRAST_FAULTS"
 
 
 def parse(text: str | None = None) -> dict[str, str]:
+    """``"a=1,b=2"`` (default: ``$KONTRAST_FAULTS``) -> ``{"a": "1", "b": "2"}``."""
     text = os.environ.get(ENV_VAR, "") if text is None else text
     out = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
@@ -32,17 +35,41 @@ def parse(text: str | None = None) -> dict[str, str]:
     return out
 
 
-class Faults:
-    """The faults requested for this process (all no-ops when ``KONTRAST_FAULTS`` is unset)."""
+class NoFaults:
+    """The hooks of a normal run: every one a no-op."""
 
-    def __init__(self, spec: dict[str, str] | None = None):
-        spec = parse() if spec is None else spec
+    enabled = False
+
+    def poison(self, step: int, loss):
+        return loss
+
+    def trace(self, step: int, epoch: int, indices) -> None:
+        pass
+
+    def after_step(self, step: int) -> None:
+        pass
+
+    def in_checkpoint(self, step: int) -> None:
+        pass
+
+
+class Faults(NoFaults):
+    """The faults named in ``spec`` (see the module doc)."""
+
+    def __init__(self, spec: dict[str, str]):
         self.enabled = bool(spec)
+        self.kill_in_checkpoint = int(spec.get("kill_in_checkpoint", -1))
         self.kill_after = int(spec.get("kill_after_step", -1))
         self.signal_after = int(spec.get("signal_after_step", -1))
         self.signal = signal.SIGINT if spec.get("signal", "TERM").upper() == "INT" else signal.SIGTERM
         self.nan_steps = {int(s) for s in spec.get("nan_at_step", "").split("+") if s}
         self.trace_path = spec.get("trace")
+
+    @classmethod
+    def from_env(cls) -> NoFaults:
+        """The faults ``KONTRAST_FAULTS`` asks for; :class:`NoFaults` when it is unset or empty."""
+        spec = parse()
+        return cls(spec) if spec else NoFaults()
 
     def poison(self, step: int, loss):
         """``loss`` as NaN when step ``step`` (1-based) is one to poison."""
@@ -59,8 +86,7 @@ class Faults:
         if step == self.signal_after:
             os.kill(os.getpid(), self.signal)
 
-
-def kill_in_checkpoint(step: int) -> None:
-    """Called halfway through writing checkpoint ``step``."""
-    if os.environ.get(ENV_VAR) and parse().get("kill_in_checkpoint") == str(step):
-        os.kill(os.getpid(), signal.SIGKILL)
+    def in_checkpoint(self, step: int) -> None:
+        """Called halfway through writing checkpoint ``step``."""
+        if step == self.kill_in_checkpoint:
+            os.kill(os.getpid(), signal.SIGKILL)

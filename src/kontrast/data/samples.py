@@ -1,0 +1,64 @@
+"""What every source loads into (:class:`Samples`), and what a kind of source is (:class:`SourceKind`).
+
+A :class:`Samples` is one whole split in memory, images or sequences, with one path (or key) per
+row saying where the row came from, so a row can always be traced back to its file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Samples:
+    """A whole split in memory: what every other part of kontrast consumes.
+
+    ``paths`` names each row's origin: for folders and archives the file's path relative to the
+    source root (inside the archive for tars), for CIFAR pickles ``"data_batch_1/123"`` (file,
+    row), for paired files the image path as written there, for the built-in datasets
+    ``"shapes/train/000123"``. Left out (``None``) when built by hand, it becomes the row
+    numbers ``"0"``, ``"1"``, ...
+    """
+
+    x: torch.Tensor  # uint8 images [N, 3, H, W] or float32 sequences [N, C, L]; CPU, contiguous
+    labels: torch.Tensor | None  # int64 [N], None when unlabelled
+    classes: list[str]  # class names ([] when unlabelled)
+    name: str  # human-readable source description
+    paths: list[str] = None  # type: ignore[assignment]  # one per row (see above)
+    captions: list[str] | None = None  # one text per row (paired files, kontrast.data.pairs), else None
+
+    def __post_init__(self) -> None:
+        if self.paths is None:
+            self.paths = [str(i) for i in range(len(self))]
+        if len(self.paths) != len(self):
+            raise ValueError(f"{self.name}: {len(self.paths)} paths for {len(self)} rows")
+
+    def __len__(self) -> int:
+        return int(self.x.shape[0])
+
+    def subset(self, n: int, seed: int = 0) -> Samples:
+        """A fixed random subset of ``n`` rows (sources are often sorted by class); self if n covers all."""
+        if not 0 < n < len(self):
+            return self
+        keep = torch.randperm(len(self), generator=torch.Generator().manual_seed(seed))[:n]  # [n]
+        rows = keep.tolist()
+        labels = None if self.labels is None else self.labels[keep]
+        captions = None if self.captions is None else [self.captions[i] for i in rows]
+        return Samples(self.x[keep], labels, self.classes, self.name, [self.paths[i] for i in rows], captions)
+
+
+@dataclass(frozen=True)
+class SourceKind:
+    """One kind of data source, as registered in :data:`kontrast.registry.SOURCES`.
+
+    ``load_images`` asks the kinds in ``order`` (then by name) and loads with the first whose
+    ``matches(source)`` is true. ``load(source, split, *, size, cache_dir, skip_bad_images)``
+    returns the split as :class:`Samples`; it may ignore ``cache_dir`` and ``skip_bad_images``.
+    """
+
+    order: int  # 0: built-in names, 1: file suffixes, 2: what is on disk
+    matches: Callable[[str], bool]  # cheap: looks at the string and at most stats the path
+    load: Callable[..., Samples]

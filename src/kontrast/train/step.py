@@ -1,0 +1,109 @@
+"""One training step, the same for ``fit``, the benchmarks and the tests.
+
+indices -> uint8 images (already on the device) -> views -> ``method.training_step`` under the
+run's autocast -> backward -> non-finite check -> optimizer step with the step's lr ->
+``method.after_step``. Before the step the global generators are re-seeded from (seed, step),
+so anything a method draws from them (MoCo's shuffled BN groups, dropout) is a function of the
+step and a resumed run draws the same. Under ``nonfinite="skip"`` a step whose loss or gradient
+is not finite changes nothing: no optimizer step, buffers restored, no ``after_step``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from kontrast.augment import derive_key
+from kontrast.methods.base import Method, Progress
+from kontrast.precision import autocast
+from kontrast.train.faults import NoFaults
+from kontrast.train.guards import NonFiniteGuard
+
+PHASES = ("data_augment", "forward_loss", "backward", "guard", "optimizer", "after_step")
+
+
+def step_seed(seed: int, step: int) -> int:
+    """Seed of the global generators for step ``step`` (0-based: the steps finished before it)."""
+    return derive_key("step", seed, step) & 0x7FFF_FFFF_FFFF_FFFF
+
+
+@dataclass
+class StepContext:
+    """What every step of a run shares.
+
+    images: uint8 [N, 3, H, W] (or float32 sequences [N, C, L]) on ``device``; make_views:
+    ``(images[idx], idx, epoch_key) -> views`` (``kontrast.augment.view_maker``), None for a
+    sequence method, which gets the raw batch; lrs: the lr of every step (``fixed_lr`` groups
+    keep ``peak_lr``).
+    """
+
+    method: Method
+    optimizer: torch.optim.Optimizer
+    images: torch.Tensor
+    make_views: Callable | None
+    lrs: list[float]
+    peak_lr: float
+    seed: int
+    device: torch.device
+    guard: NonFiniteGuard
+    precision: str = "fp32"
+    channels_last: bool = False
+    nonfinite: str = "stop"  # or "skip"
+    faults: NoFaults = NoFaults()
+
+
+@dataclass
+class StepResult:
+    out: dict[str, torch.Tensor]  # what training_step returned (loss, metrics, state for after_step)
+    skipped: bool  # nonfinite="skip" and the step was not finite: nothing changed
+
+    def metrics(self) -> dict[str, float]:
+        """The 0-d entries of ``out`` as floats (a host sync): what the metric log records."""
+        return {k: float(v.detach()) for k, v in self.out.items() if torch.is_tensor(v) and v.dim() == 0}
+
+
+def _no_lap(phase: str) -> None:
+    pass
+
+
+def train_step(ctx: StepContext, indices: torch.Tensor, epoch_key: torch.Tensor, progress: Progress,
+               lap: Callable[[str], None] = _no_lap) -> StepResult:
+    """Step number ``progress.step + 1`` on the batch ``indices`` (int64 [B], CPU).
+
+    ``epoch_key``: the epoch's augmentation key (``key_tensor(derive_key("augment", seed, epoch))``);
+    ``lap(phase)`` is called at the end of each of :data:`PHASES` (the benchmarks time them).
+    """
+    method, step = ctx.method, progress.step
+    for group in ctx.optimizer.param_groups:
+        group["lr"] = ctx.peak_lr if group.get("fixed_lr") else ctx.lrs[step]
+    torch.manual_seed(step_seed(ctx.seed, step))
+    ctx.faults.trace(step + 1, progress.epoch, indices)
+    idx = indices.to(ctx.device)
+    views = ctx.make_views(ctx.images[idx], idx, epoch_key) if ctx.make_views else [ctx.images[idx]]
+    if ctx.channels_last and ctx.make_views:
+        views = [v.contiguous(memory_format=torch.channels_last) for v in views]
+    buffers = [b.clone() for b in method.buffers()] if ctx.nonfinite == "skip" else None
+    lap("data_augment")
+    with autocast(ctx.device, ctx.precision):
+        out = method.training_step(views, idx, progress)
+    if ctx.faults.enabled:
+        out["loss"] = ctx.faults.poison(step + 1, out["loss"])
+    lap("forward_loss")
+    ctx.optimizer.zero_grad(set_to_none=True)
+    out["loss"].backward()
+    lap("backward")
+    bad = ctx.guard.check_step(step + 1, out["loss"])
+    skipped = ctx.nonfinite == "skip" and bool(bad)  # the skip policy reads the flag every step
+    lap("guard")
+    if skipped:
+        torch._foreach_copy_(list(method.buffers()), buffers)  # as if the step never ran
+        ctx.guard.first_bad.fill_(-1)
+        return StepResult(out, True)
+    ctx.optimizer.step()
+    lap("optimizer")
+    method.after_step(out, Progress(step=step + 1, epoch=progress.epoch, total_steps=progress.total_steps,
+                                    steps_per_epoch=progress.steps_per_epoch))
+    lap("after_step")
+    return StepResult(out, False)
