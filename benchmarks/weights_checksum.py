@@ -26,13 +26,13 @@ from safetensors.numpy import load_file
 METHODS = ("simclr", "moco_v2", "byol", "swav", "instdisc", "cpc_v2")
 
 
-def run(method: str, workdir: Path, steps: int, batch: int) -> dict[str, str]:
+def run(method: str, workdir: Path, steps: int, batch: int, precision: str) -> dict[str, str]:
     out = workdir / method
     data = f"{'sequences' if method == 'cpc' else 'shapes'}:{steps * batch}"
     cmd = [sys.executable, "-m", "kontrast.cli", "train", "--method", method, "--data", data,
            "--epochs", "1", "--batch-size", str(batch), "--out", str(out), "--no-progress",
            "--set", "encoder.width=0.25", "--set", "train.num_threads=1", "--set", "train.seed=0",
-           "--set", "train.device=cpu"]
+           "--set", "train.device=cpu", "--precision", precision]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     ckpt = sorted((out / "checkpoints").glob("step-*"))[-1]
     tensors = load_file(str(ckpt / "model.safetensors"))
@@ -44,13 +44,14 @@ def main() -> int:
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
     p.add_argument("--out", required=True, help="JSON file for the checksums")
     p.add_argument("--compare", help="an earlier --out file to compare with")
     args = p.parse_args()
     result = {}
     with tempfile.TemporaryDirectory() as tmp:
         for method in args.methods.split(","):
-            result[method] = run(method, Path(tmp), args.steps, args.batch)
+            result[method] = run(method, Path(tmp), args.steps, args.batch, args.precision)
             whole = hashlib.sha256(json.dumps(result[method], sort_keys=True).encode()).hexdigest()[:16]
             print(f"{method:10s} {len(result[method])} tensors, checksum {whole}")
     Path(args.out).write_text(json.dumps(result, indent=1))

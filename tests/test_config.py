@@ -81,3 +81,22 @@ def test_augment_overrides_apply_to_every_view():
         view_specs(bad, create_method(bad))
     with pytest.raises(UserError, match="recipe"):
         view_specs(resolve({"augment": {"recipe": "nope"}}), create_method(bad))
+
+
+def test_python_api_builds_methods_only_from_resolved_configs():
+    """The method's own defaults come from resolve(), the one resolution the CLI uses too; a config built
+    from the schema alone (no method params, no method defaults) is refused instead of silently using SGD."""
+    from kontrast.methods.build import create_method
+
+    cfg = resolve({"method": {"name": "byol"}, "encoder": {"width": 0.125}})
+    assert cfg.optim.name == "lars" and type(create_method(cfg)).__name__ == "BYOL"
+    with pytest.raises(UserError, match="resolve"):
+        create_method(build_config({"method": {"name": "byol"}, "encoder": {"width": 0.125}}))
+    with pytest.raises(UserError, match="resolve"):
+        build_config({"method": {"name": "byol", "base_momentum": 0.9}})
+
+
+def test_every_method_states_its_optimizer():
+    """No method inherits its optimizer from OptimConfig's fallbacks without saying so."""
+    for name in METHODS.names():
+        assert "optim" in METHODS.get(name).defaults, name

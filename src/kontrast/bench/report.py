@@ -99,7 +99,8 @@ def section_step(opts: BenchOptions, data) -> dict:
                  if "outside_encoder" in r else "   (feature maps: encoder share not replayed)")
         opts.log(f"{name:15s} " + " ".join(f"{1e3 * r['phases_s'][p]:8.1f}" for p in PHASES)
                  + f" {1e3 * r['step_s']:8.1f}" + share)
-    opts.log(f"  reproduce: {command(opts, 'step', step_setting=opts.step_setting)}")
+    names = ",".join(r["method"] for r in rows)
+    opts.log(f"  reproduce: {command(opts, 'step', methods=names, step_setting=opts.step_setting, step_iters=opts.step_iters)}")
     return {"setting": opts.step_setting, "threads": threads(opts), "batch": opts.batch, "methods": rows}
 
 

@@ -20,14 +20,6 @@ from kontrast.errors import UserError
 RUN_MARKERS = ("config.yaml", "checkpoints", "metrics.jsonl")
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"device {name!r} requested but no CUDA device is available; use --set train.device=cpu")
-    return torch.device(name)
-
-
 def holds_run(run_dir: Path) -> bool:
     return any((run_dir / m).exists() for m in RUN_MARKERS)
 
