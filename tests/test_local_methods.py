@@ -240,6 +240,34 @@ def test_amdim_encoder_scales():
         create_encoder("amdim", stem="imagenet")
 
 
+@pytest.mark.parametrize("dim_in, dim_out", [(8, 16), (16, 16), (16, 8)])
+def test_local_projection_is_the_authors_residual_block_at_init(dim_in, dim_out):
+    """AMDIM's ``FakeRKHSConvNet`` (Philip-Bachman/amdim-public, model.py): ``BN(shortcut(x) + W2 ReLU(BN(W1 x)))``
+    with the residual branch's last conv zero at init and the shortcut an identity (plus U(-0.01, 0.01)) where
+    ``dim_out >= dim_in``: at init the head is BN(shortcut(x)), and x itself on the first channels up to the BN."""
+    from kontrast.extract import LocalProjection
+
+    torch.manual_seed(0)
+    proj = LocalProjection(dim_in, dim_out)
+    x = torch.randn(6, dim_in, 3, 3)
+    w = proj.shortcut.weight[:, :, 0, 0].detach()  # [dim_out, dim_in]
+    skip = torch.einsum("oi,bihw->bohw", w, x) + proj.shortcut.bias.detach().view(1, -1, 1, 1)
+    mean, var = skip.mean(dim=(0, 2, 3), keepdim=True), skip.var(dim=(0, 2, 3), unbiased=False, keepdim=True)
+    with torch.no_grad():
+        y = proj.train()(x)
+    assert torch.allclose(y, (skip - mean) / torch.sqrt(var + 1e-5), atol=1e-4)  # branch silent, BN on the output
+    if dim_out >= dim_in:
+        assert torch.equal(w[:dim_in].diagonal(), torch.ones(dim_in))
+        off = w - torch.eye(dim_out, dim_in)
+        assert off.abs().max() <= 0.01
+        with torch.no_grad():  # fresh running statistics (mean 0, var 1): the output is x on its first channels, +-1%
+            bias = proj.shortcut.bias.detach()[:dim_in].view(1, -1, 1, 1)
+            y = proj.eval()(x)[:, :dim_in] - bias / math.sqrt(1 + 1e-5)
+        assert torch.allclose(y, x / math.sqrt(1 + 1e-5), atol=0.01 * dim_in * x.abs().max().item())
+    (proj.train()(x) * torch.randn(6, dim_out, 3, 3)).sum().backward()  # the zero conv still learns
+    assert proj.body[-1].weight.grad.abs().max() > 1e-3
+
+
 # ----------------------------------------------------------------------------- methods
 
 

@@ -82,3 +82,25 @@ def test_learning(name, tmp_path, shared_cifar_tar):
     assert sum(losses[-w:]) / w < sum(losses[:w]) / w, losses
     print(name, "kNN untrained -> trained:", knn)
     assert knn[-1] > 2 * 0.1 and knn[-1] > knn[0] + 0.01, knn  # twice chance, and above the untrained encoder
+
+
+def test_byol_views_go_through_batchnorm_separately():
+    """BYOL's code (and solo-learn's) forward each view on its own, online and target network alike, so every
+    BatchNorm normalises the B samples of one view with that view's statistics, never one 2B batch of both."""
+    cfg = resolve({"method": {"name": "byol"}, **TINY})
+    method = create_method(cfg, num_samples=8).train()
+    images = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
+    views = make_views(images, view_specs(cfg, method), torch.Generator().manual_seed(0))
+    seen: dict[str, list[int]] = {}
+    hooks = [m.register_forward_pre_hook(lambda _m, args, name=name: seen.setdefault(name, []).append(args[0].shape[0]))
+             for name, m in method.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    method.training_step(views, torch.arange(8), Progress(step=0, epoch=0, total_steps=2, steps_per_epoch=1))
+    for h in hooks:
+        h.remove()
+    assert len(seen) == len(hooks) and any(n.startswith("target.") for n in seen)  # online, predictor and target BNs
+    assert all(sizes == [8, 8] for sizes in seen.values()), {n: s for n, s in seen.items() if s != [8, 8]}
+
+
+def test_byol_states_the_cited_warmup():
+    """solo-learn's BYOL CIFAR recipe warms up for 10 epochs (its scheduler's default, warmup_cosine)."""
+    assert resolve({"method": {"name": "byol"}}).optim.warmup_epochs == 10

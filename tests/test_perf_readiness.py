@@ -73,7 +73,9 @@ def _step_counts(method_name: str, batch: int) -> Counter:
 
 @pytest.mark.parametrize("method_name", ["simclr", "moco_v2"])
 def test_operator_calls_per_step_do_not_grow_with_batch(method_name):
-    small, large = _step_counts(method_name, 16), _step_counts(method_name, 48)
+    # 24, not 16: moco_v2's 8 BN groups per view would hold 2 samples each, and BatchNorm1d on CPU
+    # takes another kernel path (no aten::zeros) for 2 samples than for 3 or more
+    small, large = _step_counts(method_name, 24), _step_counts(method_name, 48)
     assert small == large, {k: (small[k], large[k]) for k in small.keys() | large.keys() if small[k] != large[k]}
     assert not HOST_READS & set(large), HOST_READS & set(large)
     assert sum(large.values()) > 100  # the profiler saw the step

@@ -102,6 +102,34 @@ def test_lars_step_matches_formula():
     assert torch.allclose(b.detach(), torch.tensor([0.0]))  # 1 - 0.5 * 2, no trust ratio
 
 
+@pytest.mark.parametrize("lr, clipped", [(0.5, False), (0.01, True)])
+def test_clipped_lars_step_matches_solo_learn_formula(lr, clipped):
+    """``lars_clip``: solo-learn's LARS (its CIFAR recipes' ``clip_lr: True``): the adaptive rate
+    ``eta ||w|| / (||g|| + wd ||w||)`` caps the step, effective lr = min(adaptive, lr); norms and biases plain SGD."""
+    w = nn.Parameter(torch.tensor([3.0, 4.0]))  # |w| = 5
+    b = nn.Parameter(torch.tensor([1.0]))
+    opt = LARS([{"params": [w], "weight_decay": 0.1}, {"params": [b], "weight_decay": 0.0, "lars": False}],
+               lr=lr, momentum=0.9, eta=0.02, clip=True)
+    for _ in range(2):  # the second step goes through the momentum buffer
+        w.grad, b.grad = torch.tensor([1.0, 0.0]), torch.tensor([2.0])
+        opt.step()
+    # by hand: adaptive = 0.02 * 5 / (1 + 0.1 * 5) = 1/15 at step 1; lr 0.5 -> effective 1/15, lr 0.01 -> 0.01
+    w1 = torch.tensor([3.0, 4.0]) - (0.01 if clipped else 1 / 15) * torch.tensor([1.3, 0.4])
+    d1 = (0.01 if clipped else 1 / 15) / lr * torch.tensor([1.3, 0.4])  # d * min(adaptive / lr, 1)
+    g2 = torch.tensor([1.0, 0.0]) + 0.1 * w1
+    adaptive = 0.02 * w1.norm() / (1.0 + 0.1 * w1.norm())
+    d2 = g2 * min(adaptive / lr, 1.0)
+    assert torch.allclose(w.detach(), w1 - lr * (0.9 * d1 + d2))
+    assert torch.allclose(b.detach(), torch.tensor([1.0 - lr * 2 - lr * (0.9 * 2 + 2)]))  # no adaptation, no clip
+
+
+def test_lars_variant_is_selected_by_config():
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    for clip in (False, True):
+        opt = create_optimizer(model, OptimConfig(name="lars", lars_clip=clip), batch_size=256)
+        assert [g["clip"] for g in opt.param_groups] == [clip, clip]
+
+
 def test_grouped_and_shuffled_forward():
     from kontrast.encoders.batchnorm import grouped_forward, shuffled_forward
 

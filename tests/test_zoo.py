@@ -340,6 +340,123 @@ def test_moco_v1_is_moco_v2_with_a_linear_head():
     assert (m.params.temperature, m.params.momentum, m.params.symmetric) == (0.07, 0.999, False)
 
 
+# ---------------------------------------------------------------- shuffling BN (MoCo v1/v2, InfoMin)
+
+
+class _Probe(torch.nn.Module):
+    """A tiny encoder whose inputs carry their identity in pixel [0, 0, 0]: ``view * 1000 + sample``."""
+
+    dim = 16
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 4 * 4, 16))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def _marked_views(b: int) -> list[torch.Tensor]:
+    views = [torch.randn(b, 3, 4, 4) for _ in range(2)]
+    for v, x in enumerate(views):
+        x[:, 0, 0, 0] = v * 1000 + torch.arange(b, dtype=torch.float)
+    return views
+
+
+def _probe_groups(name: str, b: int, groups: int) -> dict[str, list[list[int]]]:
+    """Run one MoCo step on a probe encoder; the sample markers each BN group (forward call) held."""
+    from kontrast.methods import METHODS
+
+    cls = METHODS.get(name)
+    method = cls(_Probe(), cls.Params(queue_size=64, bn_groups=groups))
+    seen: dict[str, list[list[int]]] = {"online": [], "target": []}
+    for role, enc in (("online", method.encoder), ("target", method.target.net[0])):
+        enc.register_forward_pre_hook(lambda m, args, r=role: seen[r].append(args[0][:, 0, 0, 0].long().tolist()))
+    out = method.training_step(_marked_views(b))
+    out["loss"].backward()
+    return seen
+
+
+@pytest.mark.parametrize("name", ["moco_v2", "moco_v1", "infomin"])
+@pytest.mark.parametrize("b", [16, 18, 25])
+def test_moco_bn_groups_hold_one_view_each_with_two_or_more_samples(name, b):
+    """Shuffling BN as on 8 GPUs: each view is cut into ``bn_groups`` groups of near-equal size (>= 2),
+    a group never mixes the two views, and every sample of a forwarded view is in exactly one group."""
+    seen = _probe_groups(name, b, 8)
+    for role, calls in seen.items():
+        assert len(calls) in (8, 16), role
+        for group in calls:
+            assert len({m // 1000 for m in group}) == 1, f"{role} group mixes the views: {group}"
+            assert len(group) >= 2
+        per_view: dict[int, list[list[int]]] = {}
+        for group in calls:
+            per_view.setdefault(group[0] // 1000, []).append(group)
+        for v, view_groups in per_view.items():
+            assert len(view_groups) == 8
+            sizes = [len(g) for g in view_groups]
+            assert max(sizes) - min(sizes) <= 1  # as equal as possible
+            assert sorted(m % 1000 for g in view_groups for m in g) == list(range(b))  # each sample once
+
+
+def test_moco_v1_asymmetric_forwards_only_what_its_loss_uses():
+    """Algorithm 1: queries of view 1, keys of view 2; no forward of q2 or k1 whose outputs go unused."""
+    seen = _probe_groups("moco_v1", 16, 8)
+    assert {m // 1000 for g in seen["online"] for m in g} == {0}  # queries: view 1 only
+    assert {m // 1000 for g in seen["target"] for m in g} == {1}  # keys: view 2 only
+    assert sum(map(len, seen["online"])) == sum(map(len, seen["target"])) == 16
+    both = _probe_groups("moco_v2", 16, 8)  # symmetric: both views through both encoders
+    assert sum(map(len, both["online"])) == sum(map(len, both["target"])) == 32
+
+
+@pytest.mark.parametrize("name", ["moco_v2", "moco_v1", "infomin"])
+@pytest.mark.parametrize("b", [18, 25])
+def test_moco_trains_a_step_at_batches_not_divisible_by_the_groups(name, b):
+    from kontrast.methods.base import Progress
+    from kontrast.methods.build import create_method, resolve
+
+    cfg = resolve({"method": {"name": name, "queue_size": 64}, "train": {"batch_size": b},
+                   "encoder": {"name": "resnet18", "width": 0.125}})  # validate accepts it
+    m = create_method(cfg, num_samples=64)
+    assert m.params.bn_groups == 8
+    out = m.training_step([torch.randn(b, 3, 32, 32), torch.randn(b, 3, 32, 32)])
+    assert torch.isfinite(out["loss"])
+    out["loss"].backward()
+    m.after_step(out, Progress(step=1, epoch=0, total_steps=2, steps_per_epoch=1))
+
+
+def test_moco_bn_groups_error_before_training():
+    from kontrast.errors import UserError
+    from kontrast.methods.build import resolve
+
+    for name in ("moco_v2", "moco_v1", "infomin"):
+        resolve({"method": {"name": name, "queue_size": 64}, "train": {"batch_size": 16}})  # 2 per group: fine
+        with pytest.raises(UserError, match="method.bn_groups") as err:
+            resolve({"method": {"name": name, "queue_size": 64}, "train": {"batch_size": 15}})
+        assert "\n" not in str(err.value) and "2 samples" in str(err.value)
+
+
+# ---------------------------------------------------------------- MoCo v3's bound
+
+
+def test_moco_v3_mi_bound_is_log_n_minus_the_cross_entropy():
+    """The loss is 2 tau x (CE(q1, k2) + CE(q2, k1)); the bound is log N - CE (mean of the two directions)."""
+    torch.manual_seed(0)
+    m = _method("moco_v3", proj_hidden=64, pred_hidden=64, proj_dim=32)
+    tau, b = m.params.temperature, 8
+    views = [torch.randn(b, 3, 32, 32), torch.randn(b, 3, 32, 32)]
+    out = m.training_step(views)
+    with torch.no_grad():  # train-mode BN: the same batches give the same outputs
+        q = [m.predictor(m.projector(m.encoder(v))) for v in views]
+        k = [m.target.net(v) for v in views]
+        labels = torch.arange(b)
+        ce = [F.cross_entropy(F.normalize(qi, dim=1) @ F.normalize(kj, dim=1).T / tau, labels)
+              for qi, kj in ((q[0], k[1]), (q[1], k[0]))]
+    mean_ce = (ce[0] + ce[1]).item() / 2
+    assert out["loss"].item() == pytest.approx(2 * tau * (ce[0] + ce[1]).item(), rel=1e-4)
+    assert out["mi_bound"].item() == pytest.approx(math.log(b) - mean_ce, abs=1e-4)
+    assert out["mi_bound"].item() <= math.log(b) + 1e-6
+
+
 @pytest.mark.parametrize("kernel", ["gaussian", "laplacian", "gamma", "simple_sum", "concat_sum"])
 def test_kernel_infonce_kernels_run_and_bound(kernel):
     m = _method("kernel_infonce", kernel=kernel, gamma=0.5)

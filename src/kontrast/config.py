@@ -96,6 +96,7 @@ class OptimConfig:  # fallbacks: each method states its recipe's optimizer in Me
     min_lr: float = checked(0.0, ge=0, le=1)  # as a fraction of the peak lr
     betas: tuple[float, float] = checked((0.9, 0.999), ge=0, lt=1)  # adamw only
     lars_eta: float = checked(0.02, gt=0)  # lars only: trust coefficient
+    lars_clip: bool = False  # lars only: solo-learn's clipped form, lr_eff = min(eta ||w|| / (||g|| + wd ||w||), lr)
 
 
 @dataclass(frozen=True)

@@ -139,18 +139,30 @@ class GridContext(nn.Module):
 class LocalProjection(nn.Module):
     """AMDIM's per-location head: a residual 1x1 "network in network", ``[B, C, h, w] -> [B, R, h, w]``.
 
-    Bachman et al. 2019, https://arxiv.org/abs/1906.00910, section 3.3: ``W0 x + W2 ReLU(BN(W1 x))``
-    at every location, so local and global features land in one R-dim space.
+    Bachman et al. 2019, https://arxiv.org/abs/1906.00910, section 3.3, as the authors' ``FakeRKHSConvNet``
+    (github.com/Philip-Bachman/amdim-public, ``model.py``): ``BN(shortcut(x) + W2 ReLU(BN(W1 x)))`` at every
+    location, so local and global features land in one R-dim space. As there: the output BN (affine), a
+    shortcut 1x1 conv with bias initialised to the identity (off-diagonal U(-0.01, 0.01)) where ``R >= C``,
+    and the residual branch's last conv initialised to zero (their ``init_weights``, "like fixup/zero init"),
+    so at init the head is ``BN(shortcut(x))``: the input itself on its first C channels, up to the BN.
+    The branch's inner BN is the authors' ``use_bn`` option, on here as everywhere in kontrast's encoders.
     """
 
     def __init__(self, dim_in: int, dim_out: int):
         super().__init__()
-        self.skip = nn.Conv2d(dim_in, dim_out, 1, bias=False)
+        self.shortcut = nn.Conv2d(dim_in, dim_out, 1)
         self.body = nn.Sequential(nn.Conv2d(dim_in, dim_out, 1, bias=False), nn.BatchNorm2d(dim_out),
-                                  nn.ReLU(inplace=True), nn.Conv2d(dim_out, dim_out, 1))
+                                  nn.ReLU(inplace=True), nn.Conv2d(dim_out, dim_out, 1, bias=False))
+        self.norm = nn.BatchNorm2d(dim_out)
+        with torch.no_grad():
+            nn.init.zeros_(self.body[-1].weight)
+            if dim_out >= dim_in:
+                w = self.shortcut.weight[:, :, 0, 0]  # [dim_out, dim_in]
+                w.uniform_(-0.01, 0.01)
+                w[:dim_in].fill_diagonal_(1.0)
 
     def forward(self, maps: torch.Tensor) -> torch.Tensor:
-        return self.skip(maps) + self.body(maps)  # [B, R, h, w]
+        return self.norm(self.shortcut(maps) + self.body(maps))  # [B, R, h, w]
 
 
 def split_mlp(head: nn.Sequential, layers: int) -> tuple[nn.Sequential, nn.Sequential]:

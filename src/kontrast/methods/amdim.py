@@ -2,8 +2,10 @@
 
 two views (AMDIM CIFAR pipeline) -> encoder feature maps at three scales (7x7, 5x5, 1x1 on the
 ``amdim`` encoder; the last three stages of any encoder with ``forward_maps``) -> a residual 1x1
-head per scale into one R-dim space -> scores ``c tanh((a.b / sqrt(R)) / c)`` -> NCE of a vector of
-one view against every location of a map of the other view, with the paper's three comparisons:
+head per scale into one R-dim space (``extract.LocalProjection``, the authors' ``FakeRKHSConvNet``:
+BN on its output, identity-initialised shortcut, zero-initialised residual branch) -> scores
+``c tanh((a.b / sqrt(R)) / c)`` -> NCE of a vector of one view against every location of a map of
+the other view, with the paper's three comparisons:
 global -> 5x5 ("1-5"), global -> 7x7 ("1-7"), a random 5x5 location -> 5x5 ("5-5"), both directions,
 plus ``score_reg · mean(raw score^2)``. Defaults from the authors' code: R = 1024, clip c = 20,
 score_reg = 0.05, Adam lr 2e-4 (betas 0.8, 0.999) at batch 200.

@@ -4,8 +4,14 @@ augment: BYOL's asymmetric pair -> encoder -> projector mlp(dim, 4096, 256)
 -> predictor mlp(256, 4096, 256) -> normalised MSE against the target's
 projection of the other view, symmetrised. The target follows the online
 network with momentum rising from ``base_momentum`` to 1 on a cosine schedule.
-CIFAR-scale defaults (solo-learn's CIFAR recipe): base momentum 0.99,
-LARS lr 1.0 x batch/256, weight decay 1e-5.
+Each view goes through the online network (encoder, projector, predictor) and the
+target on its own, as in BYOL's and solo-learn's code, so every BatchNorm normalises
+one view with its own statistics (SimSiam measured one concatenated batch pushing
+towards collapse; see simsiam.py).
+CIFAR-scale defaults (solo-learn's CIFAR recipe, scripts/pretrain/cifar/byol.yaml):
+base momentum 0.99, LARS in solo-learn's clipped form (``optim.lars_clip``, eta 0.02,
+norms and biases excluded) lr 1.0 x batch/256, weight decay 1e-5, 10 warm-up epochs
+(solo-learn's warmup_cosine default).
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ class BYOL(Method):
     description = "BYOL: online predictor regresses an EMA target, no negatives (Grill et al. 2020)"
     recipe = "byol"
     Params = BYOLParams
-    defaults = {"optim": {"name": "lars", "lr": 1.0, "weight_decay": 1e-5}}
+    defaults = {"optim": {"name": "lars", "lars_clip": True, "lr": 1.0, "weight_decay": 1e-5, "warmup_epochs": 10.0}}
 
     def __init__(self, encoder, params: BYOLParams, num_samples: int = 0):
         super().__init__(encoder, params, num_samples)
@@ -50,10 +56,10 @@ class BYOL(Method):
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
         b = views[0].shape[0]
-        x = torch.cat(views[:2])  # [2B, C, H, W]
-        z = self.projector(self.encoder(x))  # [2B, proj_dim]
-        p = self.predictor(z)  # [2B, proj_dim]
-        t = self.target(x).detach()  # [2B, proj_dim] target projections
+        # each view through each network on its own (BN statistics per view), as BYOL's and solo-learn's code
+        z = torch.cat([self.projector(self.encoder(v)) for v in views[:2]])  # [2B, proj_dim]
+        p = torch.cat([self.predictor(z_v) for z_v in z.split(b)])  # [2B, proj_dim]
+        t = torch.cat([self.target(v) for v in views[:2]]).detach()  # [2B, proj_dim] target projections
         sim_12 = paired_cosine(p[:b], t[b:])  # [B] cos(q(z_1), z'_2): view 1's prediction vs view 2's target
         sim_21 = paired_cosine(p[b:], t[:b])  # [B] the swapped pair
         loss = (2 - 2 * sim_12).mean() + (2 - 2 * sim_21).mean()  # normalised MSE |p/|p| - t/|t||^2 = 2 - 2 cos (eq. 2)

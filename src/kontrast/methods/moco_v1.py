@@ -3,8 +3,10 @@
 MoCo v2 (``moco_v2.py``) is MoCo v1 plus an MLP head, blur and tau 0.2; here the same
 composition runs with v1's choices: a linear 128-d head (``proj_hidden = 0``), tau 0.07,
 momentum 0.999, the asymmetric loss of Algorithm 1 (queries of view 1 vs keys of view 2) and
-the InstDisc-style views (crop 0.2-1, jitter 0.4 incl. hue, grayscale, no blur). Shuffling BN is
-emulated on one device by BN statistics over 8 groups (``encoders/batchnorm.py``).
+the InstDisc-style views (crop 0.2-1, jitter 0.4 incl. hue, grayscale, no blur); only view 1 goes
+through the query encoder and only view 2 through the key encoder, the two forwards that loss uses.
+Shuffling BN is emulated on one device as on 8 GPUs: each view cut into 8 BN groups, the keys' groups
+drawn at random (``encoders/batchnorm.py``).
 Queue 4096 instead of 65536 for CIFAR-10's 50k images (the authors' CIFAR-10 demo); SGD lr 0.03
 per 256 images, weight decay 1e-4 (paper, section 4).
 """

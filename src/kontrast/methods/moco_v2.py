@@ -6,7 +6,10 @@ step's momentum keys as ``out["keys"]``; ``after_step`` L2-normalises them into 
 Paper: tau = 0.2, MLP head, momentum 0.999, queue 65536 (ImageNet).
 CIFAR-scale defaults, from the authors' CIFAR-10 demo (facebookresearch/moco,
 colab notebook): queue 4096, momentum 0.99, symmetric loss, SGD lr 0.06,
-weight decay 5e-4; shuffling BN emulated with 8 BN groups (see encoders/batchnorm.py).
+weight decay 5e-4; shuffling BN emulated as the demo's 8 GPUs: each view is forwarded on its own, cut
+into 8 BN groups of near-equal size (any batch >= 16), the keys' groups drawn at random within their view
+(see encoders/batchnorm.py). ``symmetric = False`` (MoCo v1) forwards only what its loss uses: view 1
+through the query encoder, view 2 through the key encoder.
 
 One deliberate difference from the paper's head: BN after the hidden layer (``proj_bn``, as MoCo v3
 and SimCLR do); without it this CIFAR ResNet collapses in its first epoch (docs/methods.md, "MoCo").
@@ -39,18 +42,19 @@ class MoCoV2Params:
     proj_dim: int = checked(128, ge=1)
     symmetric: bool = True  # loss on both (q1, k2) and (q2, k1)
     proj_bn: bool = True  # BN in the head's hidden layer (see docstring)
-    bn_groups: int = checked(8, ge=1)  # shuffling-BN emulation: BN statistics over 8 groups (lightly's CIFAR setting)
+    bn_groups: int = checked(8, ge=1)  # shuffling-BN emulation: BN groups per view, as 8 GPUs (the authors' CIFAR demo)
 
     def validate(self, cfg) -> None:
-        """The queue must hold at least one step's keys, and each BN group needs 2 samples."""
+        """The queue must hold at least one step's keys, and each BN group (per view) needs 2 samples."""
         keys = cfg.train.batch_size * (2 if self.symmetric else 1)
         if self.queue_size < keys:
             raise UserError(f"config key 'method.queue_size' ({self.queue_size}) is smaller than the keys pushed "
                             f"per step ({keys} = batch {cfg.train.batch_size}{' x 2 views' if self.symmetric else ''}); "
                             "raise it or lower the batch size")
         if cfg.train.batch_size < 2 * self.bn_groups:
-            raise UserError(f"config key 'method.bn_groups' ({self.bn_groups}) needs a batch of at least "
-                            f"{2 * self.bn_groups} (2 per BN group), got {cfg.train.batch_size}; lower bn_groups")
+            raise UserError(f"config key 'method.bn_groups' ({self.bn_groups}) needs 2 samples per BN group, so "
+                            f"a batch of at least {2 * self.bn_groups}; got {cfg.train.batch_size}: lower method.bn_groups "
+                            f"to {max(1, cfg.train.batch_size // 2)} or less, or raise the batch size")
 
 
 @METHODS.register("moco_v2")
@@ -73,21 +77,25 @@ class MoCoV2(Method):
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
         p, b = self.params, views[0].shape[0]
-        x = torch.cat(views[:2])  # [2B, C, H, W]
-        q = grouped_forward(self._online(), x, p.bn_groups)  # [2B, proj_dim] queries
+        online, target = self._online(), self.target.net
+        q1 = grouped_forward(online, views[0], p.bn_groups)  # [B, proj_dim] queries, BN groups within view 1
         with torch.no_grad():
-            k = shuffled_forward(self.target.net, x, p.bn_groups)  # [2B, proj_dim] keys, shuffled BN
-        q1, q2, k1, k2 = q[:b], q[b:], k[:b], k[b:]
+            k2 = shuffled_forward(target, views[1], p.bn_groups)  # [B, proj_dim] keys, random BN groups within view 2
         queue = self.queue.items.clone()  # [K, proj_dim] negatives before this step's push
-        positives = torch.zeros(b, dtype=torch.long, device=q.device)  # [B] column 0: the key of the same image
+        positives = torch.zeros(b, dtype=torch.long, device=q1.device)  # [B] column 0: the key of the same image
         scores = moco_scores(q1, k2, queue, p.temperature)  # [B, 1+K] cos(q1, [k2, queue]) / tau
         loss = info_nce(scores, positives)
-        if p.symmetric:
+        keys = k2
+        if p.symmetric:  # the other direction; the asymmetric loss (MoCo v1) forwards neither q2 nor k1
+            q2 = grouped_forward(online, views[1], p.bn_groups)  # [B, proj_dim]
+            with torch.no_grad():
+                k1 = shuffled_forward(target, views[0], p.bn_groups)  # [B, proj_dim]
             scores = moco_scores(q2, k1, queue, p.temperature)  # [B, 1+K] cos(q2, [k1, queue]) / tau
             loss = (loss + info_nce(scores, positives)) / 2
+            keys = torch.cat([k1, k2])  # [2B, proj_dim]
         n = 1 + queue.shape[0]  # candidates per query: its key and the queue
         return {"loss": loss, "embedding_std": embedding_std(q1), "mi_bound": mi_bound(loss, n),
-                "keys": k if p.symmetric else k2}  # [2B or B, proj_dim] for the queue, pushed in after_step
+                "keys": keys}  # [2B or B, proj_dim] for the queue, pushed in after_step
 
     def after_step(self, out: dict[str, torch.Tensor], progress: Progress) -> None:
         self.target.update(self._online(), self.params.momentum)

@@ -7,7 +7,9 @@ augment: BYOL's asymmetric pair -> encoder -> projector mlp(dim, 4096, 256) with
 one affine-free) -> predictor mlp(256, 4096, 256). The momentum encoder (EMA of encoder +
 projector, momentum rising from 0.99 to 1 on a cosine schedule) gives the keys; each query's
 candidates are the keys of the other view of every image in the batch (Algorithm 1):
-``ctr(q1, k2) + ctr(q2, k1)``, ``ctr(q, k) = 2 tau * InfoNCE(cosine(q, k) / tau)``.
+``ctr(q1, k2) + ctr(q2, k1)``, ``ctr(q, k) = 2 tau * InfoNCE(cosine(q, k) / tau)``. The logged
+``mi_bound`` is ``log B - CE`` with CE the mean of the two directions' plain cross-entropies (the loss
+without its 2 tau factor); it is negative while CE > log B (queries worse than chance), as any InfoNCE bound.
 The views are forwarded separately (BN statistics per view, as the paper's per-view calls).
 CIFAR-scale defaults from solo-learn's CIFAR recipe: 2-layer projector (the paper's ImageNet
 ResNet uses 3), tau 0.2, LARS lr 0.3, weight decay 1e-6, 10 warm-up epochs.
@@ -38,14 +40,14 @@ class MoCoV3Params:
     base_momentum: float = 0.99
 
 
-def contrast(q: torch.Tensor, k: torch.Tensor, temperature: float) -> torch.Tensor:
-    """MoCo v3's ``ctr``: InfoNCE of queries ``q [B, D]`` over in-batch keys ``k [B, D]``, x 2 tau.
+def cross_entropy(q: torch.Tensor, k: torch.Tensor, temperature: float) -> torch.Tensor:
+    """InfoNCE (plain cross-entropy) of queries ``q [B, D]`` over in-batch keys ``k [B, D]``; ``ctr`` is it x 2 tau.
 
     Row i's positive is k_i; the other B - 1 keys are its negatives.
     """
     scores = cosine(q, k, temperature)  # [B, B] cos(q_i, k_j) / tau
     positives = torch.arange(q.shape[0], device=q.device)  # [B] the diagonal
-    return info_nce(scores, positives) * 2 * temperature
+    return info_nce(scores, positives)
 
 
 @METHODS.register("moco_v3")
@@ -53,7 +55,7 @@ class MoCoV3(Method):
     description = "MoCo v3: momentum encoder + predictor, symmetric in-batch InfoNCE, no queue (Chen et al. 2021)"
     recipe = "byol"
     Params = MoCoV3Params
-    defaults = {"optim": {"name": "lars", "lr": 0.3, "weight_decay": 1e-6, "warmup_epochs": 10.0}}
+    defaults = {"optim": {"name": "lars", "lars_clip": True, "lr": 0.3, "weight_decay": 1e-6, "warmup_epochs": 10.0}}
 
     def __init__(self, encoder, params: MoCoV3Params, num_samples: int = 0):
         super().__init__(encoder, params, num_samples)
@@ -72,10 +74,10 @@ class MoCoV3(Method):
         q = grouped_forward(self.predictor, z, 2)  # [2B, proj_dim] queries
         with torch.no_grad():
             k = grouped_forward(self.target.net, x, 2)  # [2B, proj_dim] keys
-        loss = contrast(q[:b], k[b:], p.temperature) + contrast(q[b:], k[:b], p.temperature)
-        # mi_bound on the plain InfoNCE (undo the 2 tau scale; mean of the two directions)
-        return {"loss": loss, "embedding_std": embedding_std(z[:b]),
-                "mi_bound": mi_bound(loss / (4 * p.temperature), b)}
+        ce = (cross_entropy(q[:b], k[b:], p.temperature) + cross_entropy(q[b:], k[:b], p.temperature)) / 2
+        loss = 4 * p.temperature * ce  # ctr(q1, k2) + ctr(q2, k1), each 2 tau x its cross-entropy
+        # the bound from the plain cross-entropy (mean of the two directions, B candidates each), not the loss
+        return {"loss": loss, "embedding_std": embedding_std(z[:b]), "mi_bound": mi_bound(ce, b)}
 
     def after_step(self, out: dict[str, torch.Tensor], progress: Progress) -> None:
         self.target.update(self._online(), cosine_momentum(self.params.base_momentum, progress.fraction))

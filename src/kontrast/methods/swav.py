@@ -7,7 +7,8 @@ crop with softmax(scores / τ), τ = 0.1. Optional queue of past global-crop emb
 (for small batches) joins the Sinkhorn problem from epoch ``queue_start_epochs`` on; the
 prototypes get no gradient for the first ``freeze_prototypes_epochs`` epochs.
 CIFAR defaults from solo-learn's CIFAR recipe: 3000 prototypes, queue 3840 from epoch 50,
-prototypes frozen for 2 epochs, LARS lr 0.6 x batch/256, weight decay 1e-6, 10 warm-up epochs.
+prototypes frozen for 2 epochs, LARS in solo-learn's clipped form (``optim.lars_clip``, eta 0.02) lr 0.6
+x batch/256, weight decay 1e-6, 10 warm-up epochs.
 Epoch-based switches read ``progress.epochs_done`` (finished steps / steps per epoch; without a
 ``progress``, as outside training, epoch 0). Once the queue is in use ``training_step`` returns the
 global crops' embeddings as ``out["keys"]`` [global_views, B, proj_dim], pushed by ``after_step``.
@@ -61,7 +62,7 @@ class SwAV(Method):
     description = "SwAV: swapped prediction of Sinkhorn cluster codes, multi-crop (Caron et al. 2020)"
     recipe = "swav_multicrop"
     Params = SwAVParams
-    defaults = {"optim": {"name": "lars", "lr": 0.6, "weight_decay": 1e-6, "warmup_epochs": 10.0}}
+    defaults = {"optim": {"name": "lars", "lars_clip": True, "lr": 0.6, "weight_decay": 1e-6, "warmup_epochs": 10.0}}
     retired_state = ("steps",)  # the step counter older versions kept; epochs now come from progress
 
     def __init__(self, encoder, params: SwAVParams, num_samples: int = 0):

@@ -1,7 +1,8 @@
 """Optimizers (SGD, LARS, AdamW) and per-step schedules, precomputed.
 
 Norm and bias parameters (ndim <= 1) get no weight decay and, under LARS,
-no layer-wise adaptation (as in SimCLR and BYOL).
+no layer-wise adaptation (as in SimCLR and BYOL, and solo-learn's ``exclude_bias_n_norm``).
+LARS comes in two forms (``optim.lars_clip``); see :class:`LARS`.
 """
 
 from __future__ import annotations
@@ -18,24 +19,41 @@ from kontrast.errors import UserError
 class LARS(torch.optim.Optimizer):
     """SGD with momentum and layer-wise adaptive rate scaling (You et al. 2017, https://arxiv.org/abs/1708.03888).
 
-    For each parameter with ``lars=True`` in its group, the update
-    ``g + wd * w`` is scaled by ``eta * ||w|| / ||g + wd * w||`` (when both norms > 0).
+    For each parameter with ``lars=True`` in its group (weights; ``param_groups`` excludes norms and
+    biases, which get plain SGD), the update ``d = g + wd * w`` is scaled before momentum, in one of two forms:
+
+    ``clip=False`` (SimCLR's and BYOL's own code): ``d *= eta * ||w|| / ||g + wd * w||``; the step is
+        ``lr * eta * ||w|| / ||d||``, whatever ``lr`` is.
+    ``clip=True`` (solo-learn's ``clip_lr``, NVIDIA apex's LARC with clipping; the form solo-learn's CIFAR
+        recipes, and so MoCo v3's, SwAV's and BYOL's defaults here, were tuned with):
+        ``d *= min(eta * ||w|| / (||g|| + wd * ||w||) / lr, 1)``: the effective rate is
+        ``min(eta * ||w|| / (||g|| + wd * ||w||), lr)``, the adaptive rate capped by the scheduled ``lr``.
+
+    When either norm is 0 the scale is 1.
     """
 
-    def __init__(self, params, lr: float, momentum: float = 0.9, weight_decay: float = 0.0, eta: float = 0.02):
-        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, eta=eta, lars=True))
+    def __init__(self, params, lr: float, momentum: float = 0.9, weight_decay: float = 0.0, eta: float = 0.02,
+                 clip: bool = False):
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, eta=eta, lars=True, clip=clip))
 
     @torch.no_grad()
     def step(self, closure=None):
         for group in self.param_groups:
+            wd, clip = group["weight_decay"], group.get("clip", False)  # checkpoints before `clip`: the unclipped form
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                d = p.grad.add(p, alpha=group["weight_decay"]) if group["weight_decay"] else p.grad.clone()
+                d = p.grad.add(p, alpha=wd) if wd else p.grad.clone()
                 if group["lars"]:
-                    w_norm, d_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(d)
-                    trust = torch.where((w_norm > 0) & (d_norm > 0), group["eta"] * w_norm / d_norm, 1.0)
-                    d.mul_(trust)
+                    w_norm = torch.linalg.vector_norm(p)
+                    if clip:
+                        g_norm = torch.linalg.vector_norm(p.grad)
+                        rate = group["eta"] * w_norm / (g_norm + wd * w_norm)  # adaptive rate
+                        scale = torch.clamp(rate / group["lr"], max=1.0) if group["lr"] > 0 else torch.ones_like(rate)
+                    else:
+                        g_norm = torch.linalg.vector_norm(d)
+                        scale = group["eta"] * w_norm / g_norm
+                    d.mul_(torch.where((w_norm > 0) & (g_norm > 0), scale, 1.0))
                 buf = self.state[p].get("momentum_buffer")
                 if buf is None:
                     buf = self.state[p]["momentum_buffer"] = d
@@ -73,7 +91,7 @@ def create_optimizer(model: nn.Module, cfg: OptimConfig, batch_size: int) -> tor
             g.pop("lars", None)
         return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum)
     if cfg.name == "lars":
-        return LARS(groups, lr=lr, momentum=cfg.momentum, eta=cfg.lars_eta)
+        return LARS(groups, lr=lr, momentum=cfg.momentum, eta=cfg.lars_eta, clip=cfg.lars_clip)
     if cfg.name == "adamw":
         for g in groups:
             g.pop("lars", None)
