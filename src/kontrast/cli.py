@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -32,6 +33,8 @@ def _train_args(sub) -> None:
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
     p.add_argument("--overwrite", action="store_true", help="replace the run in --out")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--nproc", type=int, default=1, help="processes on this node (torchrun; docs/distributed.md); "
+                   "--batch-size stays the global batch")
 
 
 def _eval_args(sub) -> None:
@@ -135,20 +138,61 @@ def _train_config(args):
     return resolve(raw)
 
 
-def _run(args) -> int:
+def _launch(nproc: int, argv: list[str]) -> int:
+    """``kontrast train --nproc N``: the same command on N processes of this node, started by torchrun."""
+    if "WORLD_SIZE" in os.environ:
+        raise UserError("--nproc inside a torchrun launch: drop --nproc (torchrun already started the processes)")
+    rest, skip = [], False
+    for arg in argv:  # the command without --nproc: each process runs it under torchrun
+        if skip or arg == "--nproc" or arg.startswith("--nproc="):
+            skip = arg == "--nproc"
+            continue
+        rest.append(arg)
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default for several processes, without its warning
+    try:  # torchrun's own launcher, in this process; each worker runs the command without --nproc
+        run(get_args_parser().parse_args(["--standalone", f"--nproc-per-node={nproc}", "-m", "kontrast.cli", *rest]))
+    except SignalException as exc:  # SIGTERM / SIGINT to the launcher: torchrun passed it on and waited for them
+        import signal
+
+        print(f"stopped: {signal.Signals(exc.sigval).name} to the launcher; every process checkpointed after its "
+              f"step and stopped; continue with --resume", file=sys.stderr)
+        return 128 + int(exc.sigval)
+    except ChildFailedError as exc:
+        rank, first = exc.get_first_failure()  # the cause; the others were stopped by torchrun after it
+        if first.exitcode in (2, 130, 143):  # an input error, or a signal the run handled: the process said why
+            return first.exitcode
+        how = first.signal_name() if first.exitcode < 0 else f"exit code {first.exitcode}"
+        print(f"error: the process of rank {rank} ended the run ({how}); torchrun stopped the others", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run(args, argv: list[str]) -> int:
     if args.command == "methods":
         from kontrast.methods import METHODS
 
         for name in METHODS.names():
             print(f"{name:10s} {METHODS.get(name).description}")
         return 0
+    if args.command == "train" and args.nproc != 1:
+        from kontrast.train.distributed import check_world
+
+        if args.nproc < 1:
+            raise UserError(f"--nproc must be at least 1, got {args.nproc}")
+        check_world(_train_config(args), args.nproc)  # bad input: one line here, before any process starts
+        return _launch(args.nproc, argv)
     if args.command == "train":
         from kontrast.train.faults import Faults
         from kontrast.train.loop import fit
 
         summary = fit(_train_config(args), args.out, resume=args.resume, overwrite=args.overwrite,
                       progress=not args.no_progress, faults=Faults.from_env())
-        print(json.dumps(summary))
+        if os.environ.get("RANK", "0") == "0":  # under torchrun: rank 0 speaks for the run
+            print(json.dumps(summary))
         return 0
     if args.command == "eval":
         from kontrast.evaluate.run import evaluate_run
@@ -200,12 +244,15 @@ def _run(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        return _run(build_parser().parse_args(argv))
+        argv = sys.argv[1:] if argv is None else argv
+        return _run(build_parser().parse_args(argv), argv)
     except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        rank = os.environ.get("RANK", "0")  # under torchrun: say which process speaks when it is not rank 0
+        print(f"error: {exc}" if rank == "0" else f"error: rank {rank}: {exc}", file=sys.stderr, flush=True)
         return 2
     except Interrupted as exc:  # SIGTERM / SIGINT during training: checkpoint written, then 143 / 130
-        print(f"stopped: {exc}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0" or exc.exit_code not in (130, 143):  # a signal: rank 0 speaks for all
+            print(f"stopped: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -106,6 +106,7 @@ class TrainConfig:
     seed: int = checked(0, ge=0)
     precision: str = checked("fp32", choices=PRECISIONS)  # bf16 = autocast (kontrast.precision)
     channels_last: bool = False
+    sync_bn: bool = True  # on several processes: BN statistics over the global batch (docs/distributed.md)
     compile: bool = False  # torch.compile the encoder and the view pipeline (docs/performance.md §6; the first step compiles for minutes)
     device: str = checked("auto", pattern=r"auto|cpu|cuda(:\d+)?|mps")
     log_every: int = checked(10, ge=1)  # steps between metric lines

@@ -41,8 +41,22 @@ def grouped_forward(net: nn.Module, x: torch.Tensor, groups: int) -> torch.Tenso
     return torch.cat([net(part) for part in torch.tensor_split(x, groups)])  # [N, D]
 
 
-def shuffled_forward(net: nn.Module, x: torch.Tensor, groups: int) -> torch.Tensor:
-    """Like :func:`grouped_forward`, but samples are assigned to groups by a random permutation of ``x``."""
+def shuffled_forward(net: nn.Module, x: torch.Tensor, groups: int, ranks=None) -> torch.Tensor:
+    """Like :func:`grouped_forward`, but samples are assigned to groups by a random permutation of ``x``.
+
+    ``ranks`` (a ``kontrast.methods.base.Ranks`` of W > 1 processes, each holding its slice of the global
+    batch): MoCo's shuffling BN across GPUs (``builder.py``, ``_batch_shuffle_ddp``): every rank's ``x`` is
+    gathered, one permutation of the global batch is broadcast from rank 0, each rank forwards its slice of
+    the shuffled batch in ``groups / W`` groups, and the outputs are gathered and unshuffled. The same
+    permutation and groups as one process with ``groups`` groups on the global batch.
+    """
+    world = ranks.world if ranks is not None else 1
+    if world > 1:
+        b = x.shape[0]
+        mine = slice(ranks.rank * b, (ranks.rank + 1) * b)  # this rank's rows of the global batch
+        perm = ranks.broadcast(torch.randperm(b * world, device=x.device))  # [N] one shuffle for every rank
+        out = grouped_forward(net, ranks.gather(x)[perm[mine]], groups // world)  # [b, D] this rank's shuffled slice
+        return ranks.gather(out)[torch.argsort(perm)][mine]  # [b, D] unshuffled, this rank's rows
     if group_count(x.shape[0], groups) <= 1:
         return net(x)
     perm = torch.randperm(x.shape[0], device=x.device)  # [N]

@@ -38,16 +38,19 @@ def spectral_contrastive_loss(z1: torch.Tensor, z2: torch.Tensor, mu: float = 1.
     return spectral_loss_from_scores((z1 * z2).sum(1), z1 @ z2.T, mu)
 
 
-def spectral_loss_from_scores(positive: torch.Tensor, scores: torch.Tensor, mu: float = 1.0) -> torch.Tensor:
+def spectral_loss_from_scores(positive: torch.Tensor, scores: torch.Tensor, mu: float = 1.0,
+                              offset: int = 0) -> torch.Tensor:
     """The loss of :func:`spectral_contrastive_loss` from its similarities (after :func:`clip_norm`).
 
-    positive: [B] ``f(x_i)^T f(x_i+)``, the positive pairs; scores: [B, B] ``f(x_i)^T f(x_j+)``, whose
-    off-diagonal entries are the independent pairs (x, x-). ``(-2 mean(positive) + mean_{i != j} scores^2) / mu``.
+    positive: [B] ``f(x_i)^T f(x_i+)``, the positive pairs; scores: [B, M] ``f(x_i)^T f(x_j+)``, whose
+    entries off the positives ``(i, offset + i)`` are the independent pairs (x, x-); M = B and offset 0 on
+    one process, on several the columns are every rank's pairs and ``offset`` this rank's first.
+    ``(-2 mean(positive) + mean_{j != offset + i} scores^2) / mu``.
     """
-    b = scores.shape[0]
-    if b < 2:
+    b, m = scores.shape
+    if m < 2:
         raise ValueError("the spectral contrastive loss needs at least 2 pairs per batch")
     pos = positive.mean()  # E[f(x)^T f(x+)]
-    sq = scores ** 2  # [B, B] (f(x_i)^T f(x_j))^2
-    neg = (sq.sum() - sq.diagonal().sum()) / (b * (b - 1))  # mean over i != j
+    sq = scores ** 2  # [B, M] (f(x_i)^T f(x_j))^2
+    neg = (sq.sum() - sq.diagonal(offset).sum()) / (b * (m - 1))  # mean over j != offset + i
     return (-2 * pos + neg) / mu

@@ -44,6 +44,7 @@ class AMDIM(Method):
     recipe = "amdim_cifar"
     Params = AMDIMParams
     defaults = {"encoder": {"name": "amdim"}, "optim": AMDIM_OPTIM}
+    distributed = True
 
     def __init__(self, encoder, params: AMDIMParams, num_samples: int = 0):
         if len(getattr(encoder, "map_dims", ())) < 3:
@@ -57,19 +58,22 @@ class AMDIM(Method):
         maps = self.encoder.forward_maps(torch.cat(views[:2]))[-3:]
         l7, l5, l1 = (head(m) for head, m in zip(self.heads, maps))  # [2B, R, h, w] each
         g = l1.mean(dim=(2, 3))  # [2B, R] global feature
-        images = torch.arange(b, device=g.device)  # [B] the image of each anchor row
+        rank, world = self.ranks.rank, self.ranks.world  # on W ranks: this rank's B of the global BW
+        images = rank * b + torch.arange(b, device=g.device)  # [B] each anchor row's image among the BW
         losses, regs, bounds = [], [], []
         for src, trg in ((slice(0, b), slice(b, 2 * b)), (slice(b, 2 * b), slice(0, b))):
             p5 = positions(l5[src])  # [B, 25, R]
-            pick = torch.randint(p5.shape[1], (b,), device=p5.device)  # one random 5x5 location per image
+            pick = torch.randint(p5.shape[1], (world * b,), device=p5.device)  # one 5x5 location per image of the BW
+            pick = pick[rank * b:(rank + 1) * b]  # this rank's (every rank draws the same BW)
             local = p5[torch.arange(b, device=p5.device), pick]  # [B, R]
             for anchor, target in ((g[src], l5[trg]), (g[src], l7[trg]), (local, l5[trg])):
+                target = self.ranks.gather(target)  # [BW, R, h, w] every rank's maps (one process: B)
                 n_loc = target.shape[2] * target.shape[3]  # L locations per image
-                raw = scaled_dot(anchor, locations(target))  # [B, B·L] a.b / sqrt(R) vs every location of every image
+                raw = scaled_dot(anchor, locations(target))  # [B, BW·L] a.b / sqrt(R) vs every location of every image
                 loss = positional_nce(soft_clip(raw, p.clip), images, n_loc)  # c tanh(s / c); own image's L: positives
                 losses.append(loss)
                 regs.append(score_penalty(raw))
-                bounds.append(mi_bound(loss, 1 + (b - 1) * n_loc))
+                bounds.append(mi_bound(loss, 1 + (world * b - 1) * n_loc))
         nce = torch.stack(losses).mean()
         return {"loss": nce + p.score_reg * torch.stack(regs).mean(), "nce": nce.detach(),
                 "mi_bound": torch.stack(bounds).mean()}

@@ -56,6 +56,31 @@ class Progress:
         return self.step / self.steps_per_epoch if self.steps_per_epoch else 0.0
 
 
+class Ranks:
+    """The processes a step is spread over, as a method sees them; this default is one process.
+
+    A run on W ranks (``kontrast train --nproc W``; docs/distributed.md) gives each rank its slice of
+    the global batch, ``b = B / W`` samples, rank r holding samples ``r*b .. (r+1)*b`` of the step.
+    The training room replaces this object with one backed by torch.distributed; a method never
+    imports it. ``gather`` and ``all_reduce`` carry gradients back to every rank's inputs.
+    """
+
+    rank: int = 0
+    world: int = 1
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """``[b, ...]`` of every rank in rank order: ``[W * b, ...]`` (one process: ``x``)."""
+        return x
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum of ``x`` over ranks (one process: ``x``)."""
+        return x
+
+    def broadcast(self, x: torch.Tensor, src: int = 0) -> torch.Tensor:
+        """Rank ``src``'s ``x`` on every rank (one process: ``x``)."""
+        return x
+
+
 class Method(nn.Module):
     """Base class: holds ``encoder`` (what evaluation uses) and declares the recipe.
 
@@ -74,6 +99,8 @@ class Method(nn.Module):
     Params: ClassVar[type]
     defaults: ClassVar[Mapping[str, Any]] = {}
     fixed_lr_modules: tuple[str, ...] = ()
+    distributed: ClassVar[bool] = False  # True once the method computes the same on W ranks as on one (tests/test_distributed.py)
+    sync_bn: ClassVar[bool] = True  # train.sync_bn applies (False: the method keeps its own BN groups, MoCo's shuffling BN)
     retired_state: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, encoder: nn.Module, params: Any, num_samples: int = 0):
@@ -81,6 +108,7 @@ class Method(nn.Module):
         self.encoder = encoder
         self.params = params
         self.num_samples = num_samples  # training-set size, for per-sample state (0 when unknown)
+        self.ranks = Ranks()  # the training room sets a torch.distributed one on several processes
 
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
@@ -89,6 +117,11 @@ class Method(nn.Module):
 
     def after_step(self, out: dict[str, torch.Tensor], progress: Progress) -> None:
         """Update stateful parts after the optimizer step from ``out`` (this step's ``training_step`` output)."""
+
+    @classmethod
+    def check_world(cls, params: Any, world: int, batch_size: int) -> None:
+        """Raise a UserError when ``params`` cannot run on ``world`` processes sharing a global batch of ``batch_size``
+        (checked before any process starts)."""
 
     def bind_data(self, data: Any) -> str | None:
         """Receive the training set (:class:`~kontrast.data.Samples`) once, before training.

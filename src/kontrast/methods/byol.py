@@ -42,6 +42,7 @@ class BYOL(Method):
     description = "BYOL: online predictor regresses an EMA target, no negatives (Grill et al. 2020)"
     recipe = "byol"
     Params = BYOLParams
+    distributed = True  # no cross-rank samples in the loss: global BN and averaged gradients suffice
     defaults = {"optim": {"name": "lars", "lars_clip": True, "lr": 1.0, "weight_decay": 1e-5, "warmup_epochs": 10.0}}
 
     def __init__(self, encoder, params: BYOLParams, num_samples: int = 0):

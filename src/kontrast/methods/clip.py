@@ -22,6 +22,7 @@ import torch.nn as nn
 from kontrast.data.captions import captions_for
 from kontrast.encoders.text import TextTransformer, tokenize
 from kontrast.errors import UserError
+from kontrast.losses import info_nce
 from kontrast.losses.symmetric import symmetric_info_nce
 from kontrast.methods.base import Method, Progress, embedding_std
 from kontrast.registry import METHODS
@@ -45,6 +46,7 @@ class CLIP(Method):
     description = "CLIP: image and text encoders, symmetric InfoNCE over pairs (Radford et al. 2021)"
     recipe = "clip"
     Params = CLIPParams
+    distributed = True  # each rank scores its pairs against every rank's (gathered, with gradient)
     defaults = {"optim": {"name": "adamw", "lr": 5e-4, "weight_decay": 0.2, "betas": [0.9, 0.98],
                           "warmup_epochs": 1.0}}
 
@@ -77,8 +79,14 @@ class CLIP(Method):
         img = self.encode_image(views[0])  # [B, embed_dim]
         txt = self.encode_text(self.tokens[indices])  # [B, embed_dim]
         scale = self.logit_scale.exp()
-        scores = cosine(img, txt) * scale  # [B, B] image i vs caption j
-        loss = symmetric_info_nce(scores)  # InfoNCE over rows (image -> caption) and columns, averaged
+        if self.ranks.world == 1:
+            scores = cosine(img, txt) * scale  # [B, B] image i vs caption j
+            loss = symmetric_info_nce(scores)  # InfoNCE over rows (image -> caption) and columns, averaged
+        else:  # this rank's images against every rank's captions, and its captions against every image
+            positives = self.ranks.rank * img.shape[0] + torch.arange(img.shape[0], device=img.device)  # [B]
+            to_text = cosine(img, self.ranks.gather(txt)) * scale  # [B, BW]
+            to_image = cosine(txt, self.ranks.gather(img)) * scale  # [B, BW]
+            loss = (info_nce(to_text, positives) + info_nce(to_image, positives)) / 2
         return {"loss": loss, "temperature": 1 / scale.detach(), "embedding_std": embedding_std(img)}
 
     def after_step(self, out: dict[str, torch.Tensor], progress: Progress) -> None:

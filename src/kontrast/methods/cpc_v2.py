@@ -23,6 +23,7 @@ from kontrast.extract import GridContext, positions
 from kontrast.losses import info_nce, mi_bound
 from kontrast.losses.local import negative_pools
 from kontrast.methods.base import Method, Progress
+from kontrast.methods.cpc import check_pools
 from kontrast.registry import METHODS
 from kontrast.similarity import bilinear
 
@@ -44,6 +45,7 @@ class CPCV2(Method):
     recipe = "cpc_v2_cifar"
     Params = CPCV2Params
     defaults = {"optim": {"name": "adamw", "lr": 2e-4, "weight_decay": 0.0}}
+    distributed = True  # pools of negative_pool images never span ranks (check_world): no communication
 
     def __init__(self, encoder, params: CPCV2Params, num_samples: int = 0):
         if not 1 <= params.min_offset <= params.max_offset:
@@ -53,6 +55,10 @@ class CPCV2(Method):
         self.context = GridContext(d, params.context_hidden or d, params.context_blocks)
         n = params.max_offset - params.min_offset + 1
         self.predictors = nn.Parameter(torch.randn(n, d, d) * 0.01 / d**0.5)  # W_k: [K, D_z, D_c]; small: loss starts at ~log N
+
+    @classmethod
+    def check_world(cls, params: CPCV2Params, world: int, batch_size: int) -> None:
+        check_pools("cpc_v2", params.negative_pool, world, batch_size)
 
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:

@@ -55,6 +55,7 @@ class InstDisc(Method):
     description = "InstDisc: memory bank of every image, NCE over noise samples from it (Wu et al. 2018)"
     recipe = "instdisc"
     Params = InstDiscParams
+    distributed = True  # noise drawn alike on every rank (same generator state); every rank's bank updates
     defaults = {"optim": {"lr": 0.03, "lr_batch": 128, "weight_decay": 5e-4}}
 
     def __init__(self, encoder, params: InstDiscParams, num_samples: int = 0):
@@ -75,13 +76,14 @@ class InstDisc(Method):
         pos = (f * v).sum(1) / p.temperature  # [B] v_i.f_i / tau
         neg = f @ noise.T / p.temperature  # [B, m] v_j.f_i / tau
         if p.z_estimate == "step" or torch.isnan(self.log_z):  # "once": the first batch's estimate, then fixed
-            self.log_z.copy_(estimate_log_z(neg, n))  # eq. 5 on this step's B x m noise scores, no gradient
+            self.log_z.copy_(estimate_log_z(self.ranks.gather(neg.detach()), n))  # eq. 5 on the step's (all ranks') B x m noise scores
         loss = nce_loss(pos, neg, self.log_z, n)
         if p.proximal:
             loss = loss + p.proximal * ((f - v) ** 2).sum(1).mean()
         return {"loss": loss, "embedding_std": embedding_std(f), "log_z": self.log_z.clone(),
                 "pos_sim": (f.detach() * v).sum(1).mean(),  # cosine of f_i to its own bank entry v_i
-                "indices": indices, "features": f.detach()}  # [B], [B, D]: the bank rows after_step moves
+                # [BW], [BW, D]: the bank rows after_step moves, every rank's, so all banks stay equal
+                "indices": self.ranks.gather(indices), "features": self.ranks.gather(f.detach())}
 
     def after_step(self, out: dict[str, torch.Tensor], progress: Progress) -> None:
         self.bank.update(out["indices"], out["features"])

@@ -72,6 +72,7 @@ class KernelInfoNCE(Method):
     description = "Kernel-InfoNCE: InfoNCE with Gaussian/Laplacian kernels and their mixtures (Tan et al. 2024)"
     recipe = "simclr_cifar"
     Params = KernelInfoNCEParams
+    distributed = True
     defaults = {"optim": {"name": "sgd", "lr": 0.06, "lr_batch": 256, "momentum": 0.9, "weight_decay": 5e-4}}  # SimCLR's
 
     def __init__(self, encoder, params: KernelInfoNCEParams, num_samples: int = 0):
@@ -83,6 +84,7 @@ class KernelInfoNCE(Method):
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
         b = views[0].shape[0]
         z = F.normalize(self.projector(self.encoder(torch.cat(views[:2]))).float(), dim=1)  # [2B, proj_dim]
-        s = scores(self.params, z, z)  # [2B, 2B] log k(z_i, z_j)
-        loss = two_view_info_nce(s, b)  # NT-Xent's targets: row i picks its image's other view; diagonal masked
-        return {"loss": loss, "embedding_std": embedding_std(z[:b]), "mi_bound": mi_bound(loss, 2 * b - 1)}
+        candidates = self.ranks.gather(z)  # [2BW, proj_dim] every rank's cat(view 1, view 2) (one process: z)
+        s = scores(self.params, z, candidates)  # [2B, 2BW] log k(z_i, z_j)
+        loss = two_view_info_nce(s, b, 2 * b * self.ranks.rank)  # NT-Xent's targets: the other view; itself masked
+        return {"loss": loss, "embedding_std": embedding_std(z[:b]), "mi_bound": mi_bound(loss, candidates.shape[0] - 1)}

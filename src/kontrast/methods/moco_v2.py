@@ -62,6 +62,8 @@ class MoCoV2(Method):
     description = "MoCo v2: momentum encoder, queue of negatives, MLP head (Chen et al. 2020)"
     recipe = "moco_v2"
     Params = MoCoV2Params
+    distributed = True
+    sync_bn = False  # shuffling BN: per-group statistics, the groups spread over the ranks (encoders/batchnorm.py)
     defaults = {"optim": {"name": "sgd", "lr": 0.06, "lr_batch": 256, "momentum": 0.9, "weight_decay": 5e-4}}
 
     def __init__(self, encoder, params: MoCoV2Params, num_samples: int = 0):
@@ -71,31 +73,38 @@ class MoCoV2(Method):
         self.target = MomentumTarget(self._online())
         self.queue = Queue(params.queue_size, params.proj_dim)
 
+    @classmethod
+    def check_world(cls, params: MoCoV2Params, world: int, batch_size: int) -> None:
+        if params.bn_groups % world:
+            raise UserError(f"config key 'method.bn_groups' ({params.bn_groups}) must divide by the number of "
+                            f"processes ({world}): each process forwards bn_groups / {world} BN groups")
+
     def _online(self) -> nn.Module:
         return nn.Sequential(self.encoder, self.projector)
 
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
-        p, b = self.params, views[0].shape[0]
+        p, b, ranks = self.params, views[0].shape[0], self.ranks
         online, target = self._online(), self.target.net
-        q1 = grouped_forward(online, views[0], p.bn_groups)  # [B, proj_dim] queries, BN groups within view 1
-        with torch.no_grad():
-            k2 = shuffled_forward(target, views[1], p.bn_groups)  # [B, proj_dim] keys, random BN groups within view 2
+        groups = p.bn_groups // ranks.world  # on W ranks each emulates bn_groups / W of the GPUs
+        q1 = grouped_forward(online, views[0], groups)  # [B, proj_dim] queries, BN groups within view 1
+        with torch.no_grad():  # keys: random BN groups within view 2 (across ranks on several)
+            k2 = shuffled_forward(target, views[1], p.bn_groups, ranks)  # [B, proj_dim]
         queue = self.queue.items.clone()  # [K, proj_dim] negatives before this step's push
         positives = torch.zeros(b, dtype=torch.long, device=q1.device)  # [B] column 0: the key of the same image
         scores = moco_scores(q1, k2, queue, p.temperature)  # [B, 1+K] cos(q1, [k2, queue]) / tau
         loss = info_nce(scores, positives)
-        keys = k2
+        keys = ranks.gather(k2)  # [BW, proj_dim] every rank's keys enter the queue (one process: k2)
         if p.symmetric:  # the other direction; the asymmetric loss (MoCo v1) forwards neither q2 nor k1
-            q2 = grouped_forward(online, views[1], p.bn_groups)  # [B, proj_dim]
+            q2 = grouped_forward(online, views[1], groups)  # [B, proj_dim]
             with torch.no_grad():
-                k1 = shuffled_forward(target, views[0], p.bn_groups)  # [B, proj_dim]
+                k1 = shuffled_forward(target, views[0], p.bn_groups, ranks)  # [B, proj_dim]
             scores = moco_scores(q2, k1, queue, p.temperature)  # [B, 1+K] cos(q2, [k1, queue]) / tau
             loss = (loss + info_nce(scores, positives)) / 2
-            keys = torch.cat([k1, k2])  # [2B, proj_dim]
+            keys = torch.cat([ranks.gather(k1), keys])  # [2BW, proj_dim]
         n = 1 + queue.shape[0]  # candidates per query: its key and the queue
         return {"loss": loss, "embedding_std": embedding_std(q1), "mi_bound": mi_bound(loss, n),
-                "keys": keys}  # [2B or B, proj_dim] for the queue, pushed in after_step
+                "keys": keys}  # [2BW or BW, proj_dim] for the queue, pushed in after_step
 
     def after_step(self, out: dict[str, torch.Tensor], progress: Progress) -> None:
         self.target.update(self._online(), self.params.momentum)

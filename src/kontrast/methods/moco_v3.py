@@ -40,13 +40,14 @@ class MoCoV3Params:
     base_momentum: float = 0.99
 
 
-def cross_entropy(q: torch.Tensor, k: torch.Tensor, temperature: float) -> torch.Tensor:
-    """InfoNCE (plain cross-entropy) of queries ``q [B, D]`` over in-batch keys ``k [B, D]``; ``ctr`` is it x 2 tau.
+def cross_entropy(q: torch.Tensor, k: torch.Tensor, temperature: float, offset: int = 0) -> torch.Tensor:
+    """InfoNCE (plain cross-entropy) of queries ``q [B, D]`` over in-batch keys ``k [M, D]``; ``ctr`` is it x 2 tau.
 
-    Row i's positive is k_i; the other B - 1 keys are its negatives.
+    Row i's positive is ``k[offset + i]``; every other key is a negative. One process: M = B, offset 0;
+    on W ranks ``k`` holds every rank's keys (M = BW) and ``offset`` is this rank's first row.
     """
-    scores = cosine(q, k, temperature)  # [B, B] cos(q_i, k_j) / tau
-    positives = torch.arange(q.shape[0], device=q.device)  # [B] the diagonal
+    scores = cosine(q, k, temperature)  # [B, M] cos(q_i, k_j) / tau
+    positives = offset + torch.arange(q.shape[0], device=q.device)  # [B] the diagonal of this rank's block
     return info_nce(scores, positives)
 
 
@@ -55,6 +56,7 @@ class MoCoV3(Method):
     description = "MoCo v3: momentum encoder + predictor, symmetric in-batch InfoNCE, no queue (Chen et al. 2021)"
     recipe = "byol"
     Params = MoCoV3Params
+    distributed = True
     defaults = {"optim": {"name": "lars", "lars_clip": True, "lr": 0.3, "weight_decay": 1e-6, "warmup_epochs": 10.0}}
 
     def __init__(self, encoder, params: MoCoV3Params, num_samples: int = 0):
@@ -74,10 +76,12 @@ class MoCoV3(Method):
         q = grouped_forward(self.predictor, z, 2)  # [2B, proj_dim] queries
         with torch.no_grad():
             k = grouped_forward(self.target.net, x, 2)  # [2B, proj_dim] keys
-        ce = (cross_entropy(q[:b], k[b:], p.temperature) + cross_entropy(q[b:], k[:b], p.temperature)) / 2
+        k1, k2 = self.ranks.gather(k[:b]), self.ranks.gather(k[b:])  # [BW, proj_dim] every rank's keys (one process: B)
+        offset = b * self.ranks.rank  # row of this rank's first key
+        ce = (cross_entropy(q[:b], k2, p.temperature, offset) + cross_entropy(q[b:], k1, p.temperature, offset)) / 2
         loss = 4 * p.temperature * ce  # ctr(q1, k2) + ctr(q2, k1), each 2 tau x its cross-entropy
-        # the bound from the plain cross-entropy (mean of the two directions, B candidates each), not the loss
-        return {"loss": loss, "embedding_std": embedding_std(z[:b]), "mi_bound": mi_bound(ce, b)}
+        # the bound from the plain cross-entropy (mean of the two directions, BW candidates each), not the loss
+        return {"loss": loss, "embedding_std": embedding_std(z[:b]), "mi_bound": mi_bound(ce, k1.shape[0])}
 
     def after_step(self, out: dict[str, torch.Tensor], progress: Progress) -> None:
         self.target.update(self._online(), cosine_momentum(self.params.base_momentum, progress.fraction))

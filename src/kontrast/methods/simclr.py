@@ -32,6 +32,7 @@ class SimCLR(Method):
     description = "SimCLR v1: two views, in-batch negatives, NT-Xent (Chen et al. 2020)"
     recipe = "simclr_cifar"
     Params = SimCLRParams
+    distributed = True
     defaults = {"optim": {"name": "sgd", "lr": 0.06, "lr_batch": 256, "momentum": 0.9, "weight_decay": 5e-4}}
 
     def __init__(self, encoder, params: SimCLRParams, num_samples: int = 0):
@@ -43,9 +44,13 @@ class SimCLR(Method):
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
         tau, b = self.params.temperature, views[0].shape[0]
         z = self.projector(self.encoder(torch.cat(views[:2])))  # [2B, proj_dim]: view 1 of every image, then view 2
-        if use_blocks(2 * b, 2 * b):  # batch over 512: the same loss, scores formed in row blocks (losses/chunked.py)
-            loss = nt_xent(z[:b], z[b:], tau)
+        # on W ranks B is this rank's share; the candidates are every rank's views (one process: z itself)
+        candidates = self.ranks.gather(z)  # [2BW, proj_dim] cat(view 1, view 2) of each rank, in rank order
+        offset = 2 * b * self.ranks.rank  # column of this rank's first view
+        if use_blocks(2 * b, candidates.shape[0]):  # over 512: the same loss, scores in row blocks (losses/chunked.py)
+            loss = nt_xent(z[:b], z[b:], tau, candidates, offset)
         else:
-            scores = cosine(z, z, tau)  # [2B, 2B] sim(z_i, z_j) / tau
-            loss = two_view_info_nce(scores, b)  # NT-Xent (eq. 1): row i picks its image's other view; diagonal masked
-        return {"loss": loss, "embedding_std": embedding_std(z[:b]), "mi_bound": mi_bound(loss, 2 * b - 1)}
+            scores = cosine(z, candidates, tau)  # [2B, 2BW] sim(z_i, z_j) / tau
+            loss = two_view_info_nce(scores, b, offset)  # NT-Xent (eq. 1): row i picks its image's other view; itself masked
+        n = candidates.shape[0] - 1  # candidates per anchor: every view in the global batch but itself
+        return {"loss": loss, "embedding_std": embedding_std(z[:b]), "mi_bound": mi_bound(loss, n)}

@@ -43,6 +43,7 @@ class SimSiam(Method):
     description = "SimSiam: predictor + stop-gradient, symmetric negative cosine, no negatives (Chen & He 2021)"
     recipe = "simsiam_cifar"
     Params = SimSiamParams
+    distributed = True  # no cross-rank samples in the loss: global BN and averaged gradients suffice
     defaults = {"optim": {"lr": 0.03, "weight_decay": 5e-4}, "encoder": {"zero_init_residual": True}}
 
     def __init__(self, encoder, params: SimSiamParams, num_samples: int = 0):

@@ -33,6 +33,7 @@ class Spectral(Method):
     description = "Spectral contrastive loss: contrastive learning as spectral clustering (HaoChen et al. 2021)"
     recipe = "simclr_cifar"
     Params = SpectralParams
+    distributed = True  # the negatives' squared scores against every rank's second views (gathered)
     defaults = {"optim": {"lr": 0.03, "weight_decay": 5e-4, "warmup_epochs": 10.0}}
 
     def __init__(self, encoder, params: SpectralParams, num_samples: int = 0):
@@ -45,6 +46,8 @@ class Spectral(Method):
         z = self.projector(self.encoder(torch.cat(views[:2])))  # [2B, proj_dim], not normalised
         z1, z2 = clip_norm(z[:b].float(), mu), clip_norm(z[b:].float(), mu)  # [B, D] each, norms at most sqrt(mu)
         positive = (z1 * z2).sum(1)  # [B] f(x_i).f(x_i+)
-        scores = z1 @ z2.T  # [B, B] f(x_i).f(x_j+); off the diagonal the independent pairs (x, x-)
-        loss = spectral_loss_from_scores(positive, scores, mu)  # (-2 E[f(x).f(x+)] + E[(f(x).f(x-))^2]) / mu
+        candidates = self.ranks.gather(z2)  # [BW, D] every rank's second views (one process: z2)
+        scores = z1 @ candidates.T  # [B, BW] f(x_i).f(x_j+); off the positives the independent pairs (x, x-)
+        offset = b * self.ranks.rank  # column of this rank's first positive
+        loss = spectral_loss_from_scores(positive, scores, mu, offset)  # (-2 E[f(x).f(x+)] + E[(f(x).f(x-))^2]) / mu
         return {"loss": loss, "embedding_std": embedding_std(z[:b])}

@@ -12,6 +12,8 @@ x batch/256, weight decay 1e-6, 10 warm-up epochs.
 Epoch-based switches read ``progress.epochs_done`` (finished steps / steps per epoch; without a
 ``progress``, as outside training, epoch 0). Once the queue is in use ``training_step`` returns the
 global crops' embeddings as ``out["keys"]`` [global_views, B, proj_dim], pushed by ``after_step``.
+On W processes the codes come from one transport over every rank's samples (their scores gathered:
+the same plan as one process on the global batch) and the queue takes every rank's embeddings.
 Scores, codes and loss run in float32, Sinkhorn-Knopp in the log domain (docs/methods.md, "SwAV").
 """
 
@@ -63,6 +65,7 @@ class SwAV(Method):
     recipe = "swav_multicrop"
     Params = SwAVParams
     defaults = {"optim": {"name": "lars", "lars_clip": True, "lr": 0.6, "weight_decay": 1e-6, "warmup_epochs": 10.0}}
+    distributed = True  # the transport over every rank's samples (gathered scores), the queue of every rank's
     retired_state = ("steps",)  # the step counter older versions kept; epochs now come from progress
 
     def __init__(self, encoder, params: SwAVParams, num_samples: int = 0):
@@ -80,16 +83,17 @@ class SwAV(Method):
         frozen = self.num_samples > 0 and epochs < p.freeze_prototypes_epochs
         with float32(z):  # scores and codes in float32 (exp(s / ε) is sensitive)
             scores = self.prototypes(z.float(), frozen=frozen).view(n_views, b, -1)  # [V, B, K] cos(z, c_k)
-            codes = []
+            codes, mine = [], slice(self.ranks.rank * b, (self.ranks.rank + 1) * b)  # this rank's rows of the batch
             for a in range(p.global_views):
-                s = scores[a].detach()  # [B, K]
+                s = self.ranks.gather(scores[a].detach())  # [BW, K] every rank's samples share the prototypes
                 if self.queues and int(self.queues[a].filled) == p.queue_size:  # a full queue joins the transport
-                    s = torch.cat([s, self.prototypes(self.queues[a].items)])  # [B+Q, K]
-                codes.append(sinkhorn(s, p.sinkhorn_epsilon, p.sinkhorn_iterations)[:b])  # [B, K]
+                    s = torch.cat([s, self.prototypes(self.queues[a].items)])  # [BW+Q, K]
+                codes.append(sinkhorn(s, p.sinkhorn_epsilon, p.sinkhorn_iterations)[mine])  # [B, K]
         loss = swapped_prediction(scores, torch.stack(codes), p.temperature)  # -sum_k q_k log softmax(scores / tau)_k
         out = {"loss": loss, "embedding_std": embedding_std(z[:b]), "prototypes_frozen": torch.tensor(float(frozen))}
         if self.queues and self.num_samples > 0 and epochs >= p.queue_start_epochs:
-            out["keys"] = z[: p.global_views * b].detach().view(p.global_views, b, -1)  # [A, B, proj_dim] to queue
+            keys = z[: p.global_views * b].detach().view(p.global_views, b, -1)  # [A, B, proj_dim] to queue
+            out["keys"] = torch.stack([self.ranks.gather(k) for k in keys])  # [A, BW, proj_dim] every rank's
         return out
 
     def after_step(self, out: dict[str, torch.Tensor], progress: Progress) -> None:

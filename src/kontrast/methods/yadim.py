@@ -43,6 +43,7 @@ class YADIM(Method):
     recipe = "yadim"
     Params = YADIMParams
     defaults = {"encoder": {"name": "amdim"}, "optim": AMDIM_OPTIM}
+    distributed = True
 
     def __init__(self, encoder, params: YADIMParams, num_samples: int = 0):
         super().__init__(encoder, params, num_samples)
@@ -59,14 +60,16 @@ class YADIM(Method):
         p, b = self.params, views[0].shape[0]
         f = self.head(self._last_map(torch.cat(views[:2])))  # [2B, R, h, w]
         g = f.mean(dim=(2, 3))  # [2B, R]
-        images, n_loc = torch.arange(b, device=g.device), f.shape[2] * f.shape[3]  # [B]; L locations per image
+        n_loc, world = f.shape[2] * f.shape[3], self.ranks.world  # L locations per image; W ranks of B images
+        images = self.ranks.rank * b + torch.arange(b, device=g.device)  # [B] each anchor row's image among the BW
         losses, regs, bounds = [], [], []
         for src, trg in ((slice(0, b), slice(b, 2 * b)), (slice(b, 2 * b), slice(0, b))):
-            raw = scaled_dot(g[src], locations(f[trg]))  # [B, B·L] a.b / sqrt(R): vs every location of the other view
+            target = self.ranks.gather(f[trg])  # [BW, R, h, w] every rank's maps of the other view (one process: B)
+            raw = scaled_dot(g[src], locations(target))  # [B, BW·L] a.b / sqrt(R): vs every location of the other view
             loss = positional_nce(soft_clip(raw, p.clip), images, n_loc)  # c tanh(s / c); own image's L: positives
             losses.append(loss)
             regs.append(score_penalty(raw))
-            bounds.append(mi_bound(loss, 1 + (b - 1) * n_loc))
+            bounds.append(mi_bound(loss, 1 + (world * b - 1) * n_loc))
         nce = torch.stack(losses).mean()
         return {"loss": nce + p.score_reg * torch.stack(regs).mean(), "nce": nce.detach(),
                 "mi_bound": torch.stack(bounds).mean()}

@@ -11,6 +11,7 @@ comma-separated list of ``name=value``:
 * ``kill_in_checkpoint=N``: ``SIGKILL`` while the checkpoint of step N is half written.
 * ``nan_at_step=N[+M...]``: make the loss of step(s) N (1-based) NaN.
 * ``trace=PATH``: append ``{"step", "epoch", "indices"}`` per step to PATH (JSON lines).
+* ``rank=R``: only the process of rank R (``$RANK`` under torchrun) has the faults; others run normally.
 
 The tests in ``tests/test_reliability*.py`` drive the CLI with these; docs/reliability.md
 lists them.
@@ -69,6 +70,8 @@ class Faults(NoFaults):
     def from_env(cls) -> NoFaults:
         """The faults ``KONTRAST_FAULTS`` asks for; :class:`NoFaults` when it is unset or empty."""
         spec = parse()
+        if "rank" in spec and spec.pop("rank") != os.environ.get("RANK", "0"):
+            return NoFaults()  # the faults are another rank's
         return cls(spec) if spec else NoFaults()
 
     def poison(self, step: int, loss):

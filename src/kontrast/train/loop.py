@@ -28,13 +28,14 @@ from kontrast.checkpoint import latest_checkpoint, load_checkpoint, remove_parti
 from kontrast.config import Config, dump
 from kontrast.data import batch_indices, load_images
 from kontrast.errors import Interrupted, UserError
-from kontrast.evaluate.protocol import evaluate_encoder
-from kontrast.methods.base import Progress
+from kontrast.methods.base import Progress, Ranks
+from kontrast.train import distributed
 from kontrast.methods.build import check_inputs, create_method, view_specs
 from kontrast.train.faults import NoFaults
 from kontrast.train.guards import CollapseMonitor, NonFiniteGuard, SignalStop, floating_state, nonfinite
 from kontrast.train.optim import create_optimizer, lr_schedule, peak_lr
-from kontrast.train.rundir import MetricLog, check_run_dir, prepare_run_dir, rng_state, set_rng_state
+from kontrast.train.rundir import MetricLog, NullLog, check_run_dir, prepare_run_dir, rng_state, set_rng_state
+from kontrast.train.monitor import KnnMonitor
 from kontrast.train.step import StepContext, train_step
 
 
@@ -71,6 +72,7 @@ def fit(cfg: Config, run_dir: str | Path, *, resume: bool = False, overwrite: bo
         return _fit(cfg, Path(run_dir), resume, overwrite, progress, faults or NoFaults())
     finally:
         torch.set_num_threads(threads)
+        distributed.close()
 
 
 def _setup(cfg: Config, faults: NoFaults) -> tuple[StepContext, Schedule, object]:
@@ -78,7 +80,9 @@ def _setup(cfg: Config, faults: NoFaults) -> tuple[StepContext, Schedule, object
     tc = cfg.train
     if tc.num_threads:
         torch.set_num_threads(tc.num_threads)
-    device = resolve_device(tc.device)
+    device = distributed.local_device(resolve_device(tc.device))
+    ranks = distributed.init(device) if distributed.launched() else Ranks()
+    distributed.check_world(cfg, ranks.world)
     data = load_images(cfg.data.source, "train", size=cfg.data.size, cache_dir=cfg.data.cache_dir,
                        skip_bad_images=cfg.data.skip_bad_images).subset(cfg.data.limit, seed=tc.seed)
     n = len(data)
@@ -86,6 +90,9 @@ def _setup(cfg: Config, faults: NoFaults) -> tuple[StepContext, Schedule, object
     schedule = Schedule(n, steps_per_epoch, tc.epochs * steps_per_epoch)
     torch.manual_seed(tc.seed)
     method = create_method(cfg, num_samples=n).to(device)
+    method.ranks = ranks
+    if ranks.world > 1 and tc.sync_bn and method.sync_bn:
+        distributed.global_batch_norm(method)  # BN statistics of the global batch, as on one process
     if tc.channels_last:
         method = method.to(memory_format=torch.channels_last)
     if tc.compile:  # in place (nn.Module.compile): same parameters and state_dict keys, checkpoints unchanged
@@ -103,7 +110,7 @@ def _setup(cfg: Config, faults: NoFaults) -> tuple[StepContext, Schedule, object
         make_views=view_maker(specs, compile=tc.compile) if specs else None,
         lrs=lr_schedule(peak, schedule.total_steps, warmup, cfg.optim.min_lr).tolist(), peak_lr=peak,
         seed=tc.seed, device=device, guard=NonFiniteGuard(method, device), precision=tc.precision,
-        channels_last=tc.channels_last, nonfinite=tc.nonfinite, faults=faults)
+        channels_last=tc.channels_last, nonfinite=tc.nonfinite, faults=faults, ranks=ranks)
     return ctx, schedule, data
 
 
@@ -130,17 +137,22 @@ def _fit(cfg: Config, run_dir: Path, resume: bool, overwrite: bool, progress: bo
     if resume:
         start_step, saved = _restore(ctx, cfg, schedule, run_dir)
         counters.update(saved)
-    prepare_run_dir(run_dir, resume=resume, overwrite=overwrite)  # inputs are valid: now touch the disk
-    dump(cfg, run_dir / "config.yaml")
-    monitor = KnnMonitor.create(cfg, data, ctx)
-    log = MetricLog(run_dir, resume_step=start_step if resume else None)
-    bar = tqdm(total=schedule.total_steps, initial=start_step, disable=not progress, unit="step", dynamic_ncols=True)
+    ranks = ctx.ranks
+    lead = ranks.rank == 0  # on several processes rank 0 alone writes, logs and monitors
+    if lead:
+        prepare_run_dir(run_dir, resume=resume, overwrite=overwrite)  # inputs are valid: now touch the disk
+        dump(cfg, run_dir / "config.yaml")
+    monitor = KnnMonitor.create(cfg, data, ctx) if lead else None
+    log = MetricLog(run_dir, resume_step=start_step if resume else None) if lead else NullLog()
+    bar = tqdm(total=schedule.total_steps, initial=start_step, disable=not (progress and lead), unit="step",
+               dynamic_ncols=True)
     collapse = CollapseMonitor(tc.collapse_std, tc.collapse_window, counters["collapse"])
     step, t_window, n_window, t_start, last = start_step, time.perf_counter(), 0, time.perf_counter(), {}
 
     def warn(kind: str, message: str) -> None:
         log.write(step, {"warning": kind, "message": message})
-        bar.write(f"warning: {message}", file=sys.stderr)
+        if lead:
+            bar.write(f"warning: {message}", file=sys.stderr)
 
     def save() -> Path:
         ctx.guard.raise_if_bad(step, run_dir)
@@ -151,8 +163,13 @@ def _fit(cfg: Config, run_dir: Path, resume: bool, overwrite: bool, progress: bo
                  "steps_per_epoch": schedule.steps_per_epoch, "num_samples": schedule.num_samples,
                  "method": cfg.method.name, "skipped": counters["skipped"],
                  "consecutive_skips": counters["consecutive_skips"], "collapse": collapse.state()}
-        return save_checkpoint(run_dir, ctx.method, ctx.optimizer, state, rng=rng_state(ctx.device), faults=faults)
+        path = save_checkpoint(run_dir, ctx.method, ctx.optimizer, state, rng=rng_state(ctx.device), faults=faults) \
+            if lead else None
+        if ranks.world > 1:
+            distributed.barrier()  # the others go on once rank 0's checkpoint is complete
+        return path or latest_checkpoint(run_dir)
 
+    nproc = f" --nproc {ranks.world}" if ranks.world > 1 else ""
     ctx.method.train()
     try:
         with SignalStop() as stop:
@@ -175,6 +192,8 @@ def _fit(cfg: Config, run_dir: Path, resume: bool, overwrite: bool, progress: bo
                         ctx.guard.raise_if_bad(step, run_dir)
                         now = time.perf_counter()
                         last = result.metrics()
+                        if ranks.world > 1:
+                            last = distributed.mean_metrics(last, ranks.world)  # the loss of the global batch
                         last.update(epoch=epoch, lr=ctx.lrs[step - 1], img_per_s=n_window / (now - t_window))
                         log.write(step, last)
                         bar.set_postfix(loss=f"{last['loss']:.4f}", img_s=f"{last['img_per_s']:.0f}")
@@ -184,6 +203,8 @@ def _fit(cfg: Config, run_dir: Path, resume: bool, overwrite: bool, progress: bo
                             warn("collapse", message)
                     faults.after_step(step)  # test hook: a kill or signal arriving during this step
                     epoch_end = i == schedule.steps_per_epoch - 1
+                    if ranks.world > 1:  # a signal stops every rank after the same step
+                        stop.received = distributed.max_over_ranks(stop.received or 0) or None
                     if epoch_end and monitor and ((epoch + 1) % tc.knn_every == 0 or epoch + 1 == tc.epochs):
                         monitor(epoch + 1, step, log, bar)
                     if epoch_end or (tc.checkpoint_every and step % tc.checkpoint_every == 0) or stop.received:
@@ -191,9 +212,15 @@ def _fit(cfg: Config, run_dir: Path, resume: bool, overwrite: bool, progress: bo
                     if stop.received:
                         name = signal.Signals(stop.received).name
                         raise Interrupted(f"{name} after step {step} of {schedule.total_steps}; checkpoint {ckpt}; "
-                                          f"continue with: kontrast train --out {run_dir} --resume",
+                                          f"continue with: kontrast train --out {run_dir} --resume{nproc}",
                                           128 + stop.received)
             ctx.guard.raise_if_bad(step, run_dir)
+    except RuntimeError as exc:
+        if ranks.world == 1 or not distributed.peer_lost(exc):
+            raise
+        raise Interrupted(f"rank {ranks.rank}: another process of the run stopped during step {step + 1} "
+                          f"({distributed.first_line(exc)}); last good checkpoint: {latest_checkpoint(run_dir) or 'none'}; "
+                          f"continue with: kontrast train --out {run_dir} --resume{nproc}", 1) from None
     finally:
         bar.close()
         log.close()
@@ -201,7 +228,8 @@ def _fit(cfg: Config, run_dir: Path, resume: bool, overwrite: bool, progress: bo
     summary = {"method": cfg.method.name, "steps": step, "epochs": tc.epochs, "wall_s": round(wall, 2),
                "img_per_s": round((step - start_step) * tc.batch_size / max(wall, 1e-9), 1),
                "final_loss": last.get("loss"), "skipped_steps": counters["skipped"]}
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    if lead:
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 
 
@@ -216,32 +244,3 @@ def _count_skip(counters: dict, step: int, max_skips: int, run_dir: Path, warn) 
             f"{counters['consecutive_skips']} consecutive steps (up to step {step}) had a "
             f"non-finite loss or gradient (train.max_skips={max_skips}); last good "
             f"checkpoint: {latest_checkpoint(run_dir) or 'none'}; lower optim.lr or use fp32")
-
-
-@dataclass
-class KnnMonitor:
-    """kNN top-1 of the encoder on held-out data at epoch ends (``train.knn_every``)."""
-
-    cfg: Config
-    ctx: StepContext
-    train: object
-    test: object
-
-    @classmethod
-    def create(cls, cfg: Config, data, ctx: StepContext) -> "KnnMonitor | None":
-        tc = cfg.train
-        if not tc.knn_every or data.labels is None:
-            return None
-        test = load_images(cfg.data.source, "test", size=cfg.data.size, cache_dir=cfg.data.cache_dir,
-                           skip_bad_images=cfg.data.skip_bad_images)
-        return cls(cfg, ctx, data, test.subset(tc.knn_max_test, seed=tc.seed))
-
-    def __call__(self, epoch: int, step: int, log: MetricLog, bar) -> None:
-        specs = view_specs(self.cfg, self.ctx.method)
-        mean, std = (specs[0].mean, specs[0].std) if specs else (None, None)  # sequences: not normalised
-        res = evaluate_encoder(self.ctx.method.encoder, self.train, self.test, self.cfg.eval, mean=mean, std=std,
-                               device=str(self.ctx.device), precision=self.cfg.train.precision, linear=False,
-                               max_train=self.cfg.train.knn_max_train)
-        log.write(step, {"epoch": epoch, "knn_top1": res["knn_top1"]})
-        bar.write(f"epoch {epoch}: kNN top-1 {res['knn_top1']:.4f}")
-        self.ctx.method.train()

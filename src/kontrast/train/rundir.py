@@ -44,6 +44,16 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
 
 
+class NullLog:
+    """The metric log of a rank other than 0: writes nothing (rank 0 logs the ranks' means)."""
+
+    def write(self, step: int, values: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class MetricLog:
     """One JSON line per logged step, mirrored to TensorBoard.
 

@@ -6,6 +6,10 @@ run's autocast -> backward -> non-finite check -> optimizer step with the step's
 so anything a method draws from them (MoCo's shuffled BN groups, dropout) is a function of the
 step and a resumed run draws the same. Under ``nonfinite="skip"`` a step whose loss or gradient
 is not finite changes nothing: no optimizer step, buffers restored, no ``after_step``.
+
+On W ranks (``ctx.ranks.world > 1``; docs/distributed.md) every rank gets the same global batch
+``indices`` and takes its slice; gradients are averaged over ranks right after the backward, so the
+non-finite check sees the same gradients on every rank and every rank skips or stops together.
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ from typing import Callable
 import torch
 
 from kontrast.augment import derive_key
-from kontrast.methods.base import Method, Progress
+from kontrast.methods.base import Method, Progress, Ranks
 from kontrast.precision import autocast
+from kontrast.train.distributed import average_gradients
 from kontrast.train.faults import NoFaults
 from kontrast.train.guards import NonFiniteGuard
 
@@ -52,6 +57,7 @@ class StepContext:
     channels_last: bool = False
     nonfinite: str = "stop"  # or "skip"
     faults: NoFaults = NoFaults()
+    ranks: Ranks = Ranks()  # one process unless the run was launched on several (train/distributed.py)
 
 
 @dataclass
@@ -70,7 +76,7 @@ def _no_lap(phase: str) -> None:
 
 def train_step(ctx: StepContext, indices: torch.Tensor, epoch_key: torch.Tensor, progress: Progress,
                lap: Callable[[str], None] = _no_lap) -> StepResult:
-    """Step number ``progress.step + 1`` on the batch ``indices`` (int64 [B], CPU).
+    """Step number ``progress.step + 1`` on the global batch ``indices`` (int64 [B], CPU; this rank's slice is used).
 
     ``epoch_key``: the epoch's augmentation key (``key_tensor(derive_key("augment", seed, epoch))``);
     ``lap(phase)`` is called at the end of each of :data:`PHASES` (the benchmarks time them).
@@ -79,6 +85,10 @@ def train_step(ctx: StepContext, indices: torch.Tensor, epoch_key: torch.Tensor,
     for group in ctx.optimizer.param_groups:
         group["lr"] = ctx.peak_lr if group.get("fixed_lr") else ctx.lrs[step]
     torch.manual_seed(step_seed(ctx.seed, step))
+    ranks = ctx.ranks
+    if ranks.world > 1:
+        b = len(indices) // ranks.world
+        indices = indices[ranks.rank * b:(ranks.rank + 1) * b]  # [B / W] this rank's slice
     ctx.faults.trace(step + 1, progress.epoch, indices)
     idx = indices.to(ctx.device)
     views = ctx.make_views(ctx.images[idx], idx, epoch_key) if ctx.make_views else [ctx.images[idx]]
@@ -93,6 +103,8 @@ def train_step(ctx: StepContext, indices: torch.Tensor, epoch_key: torch.Tensor,
     lap("forward_loss")
     ctx.optimizer.zero_grad(set_to_none=True)
     out["loss"].backward()
+    if ranks.world > 1:
+        average_gradients(ctx.guard.params, ranks.world)  # the global loss's gradient on every rank
     lap("backward")
     bad = ctx.guard.check_step(step + 1, out["loss"])
     skipped = ctx.nonfinite == "skip" and bool(bad)  # the skip policy reads the flag every step

@@ -1,0 +1,41 @@
+"""The kNN monitor of a training run: kNN top-1 of the encoder on held-out data at epoch ends."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kontrast.config import Config
+from kontrast.data import load_images
+from kontrast.evaluate.protocol import evaluate_encoder
+from kontrast.methods.build import view_specs
+from kontrast.train.rundir import MetricLog
+from kontrast.train.step import StepContext
+
+
+@dataclass
+class KnnMonitor:
+    """kNN top-1 of the encoder on held-out data at epoch ends (``train.knn_every``)."""
+
+    cfg: Config
+    ctx: StepContext
+    train: object
+    test: object
+
+    @classmethod
+    def create(cls, cfg: Config, data, ctx: StepContext) -> "KnnMonitor | None":
+        tc = cfg.train
+        if not tc.knn_every or data.labels is None:
+            return None
+        test = load_images(cfg.data.source, "test", size=cfg.data.size, cache_dir=cfg.data.cache_dir,
+                           skip_bad_images=cfg.data.skip_bad_images)
+        return cls(cfg, ctx, data, test.subset(tc.knn_max_test, seed=tc.seed))
+
+    def __call__(self, epoch: int, step: int, log: MetricLog, bar) -> None:
+        specs = view_specs(self.cfg, self.ctx.method)
+        mean, std = (specs[0].mean, specs[0].std) if specs else (None, None)  # sequences: not normalised
+        res = evaluate_encoder(self.ctx.method.encoder, self.train, self.test, self.cfg.eval, mean=mean, std=std,
+                               device=str(self.ctx.device), precision=self.cfg.train.precision, linear=False,
+                               max_train=self.cfg.train.knn_max_train)
+        log.write(step, {"epoch": epoch, "knn_top1": res["knn_top1"]})
+        bar.write(f"epoch {epoch}: kNN top-1 {res['knn_top1']:.4f}")
+        self.ctx.method.train()

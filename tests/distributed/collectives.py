@@ -1,0 +1,76 @@
+"""Run under torchrun (tests/test_distributed.py): the collectives kontrast's methods use, against analytic answers.
+
+Each rank checks its own results and exits non-zero with the failed check on stderr.
+"""
+
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from kontrast.train.distributed import GlobalBatchNorm, ProcessGroupRanks, average_gradients, global_batch_norm
+
+
+def check(ok: bool, what: str) -> None:
+    if not ok:
+        print(f"rank {dist.get_rank()}: {what}", file=sys.stderr)
+        sys.exit(1)
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    ranks = ProcessGroupRanks()
+    r, w = ranks.rank, ranks.world
+    torch.manual_seed(0)  # every rank draws the same global tensors, then takes its slice
+
+    # gather: rank-ordered concatenation; gradient of sum(weights * gathered) is the sum over ranks of their weights
+    x_all = torch.randn(w * 3, 4, dtype=torch.float64)
+    weights = torch.randn(w, w * 3, 4, dtype=torch.float64)  # rank q's weights on the gathered tensor
+    x = x_all[r * 3:(r + 1) * 3].clone().requires_grad_(True)
+    gathered = ranks.gather(x)
+    check(torch.equal(gathered.detach(), x_all), "gather is not the rank-ordered concatenation")
+    (gathered * weights[r]).sum().backward()
+    expected = weights.sum(0)[r * 3:(r + 1) * 3]  # d/dx_r of sum_q <weights_q, gathered>
+    check(torch.allclose(x.grad, expected), f"gather gradient {x.grad} != {expected}")
+
+    # a non-contiguous input (a transposed view) keeps its gradient (pytorch issue 120386)
+    base = x_all[r * 3:(r + 1) * 3].T.contiguous().requires_grad_(True)  # [4, 3]
+    view = base.T  # [3, 4], not contiguous
+    check(not view.is_contiguous(), "test setup: the view should be non-contiguous")
+    (ranks.gather(view) * weights[r]).sum().backward()
+    check(base.grad is not None and torch.allclose(base.grad.T, expected), "non-contiguous input lost its gradient")
+
+    # all_reduce: the sum on every rank; each rank's input gets the sum of every rank's upstream gradient
+    y = torch.full((2,), float(r + 1), dtype=torch.float64, requires_grad=True)
+    total = ranks.all_reduce(y)
+    check(torch.equal(total.detach(), torch.full((2,), w * (w + 1) / 2, dtype=torch.float64)), "all_reduce sum")
+    (total * (r + 1)).sum().backward()
+    check(torch.allclose(y.grad, torch.full((2,), w * (w + 1) / 2, dtype=torch.float64)), "all_reduce gradient")
+
+    # GlobalBatchNorm on each rank's slice == BatchNorm on the global batch (output, gradients, running stats)
+    images = torch.randn(w * 4, 3, 5, 5)
+    upstream = torch.randn(w * 4, 3, 5, 5)
+    reference = nn.BatchNorm2d(3)
+    nn.init.uniform_(reference.weight)
+    nn.init.uniform_(reference.bias)
+    syncd = global_batch_norm(nn.Sequential(nn.BatchNorm2d(3)))[0]
+    syncd.load_state_dict(reference.state_dict())
+    check(isinstance(syncd, GlobalBatchNorm), "global_batch_norm did not convert")
+    xs = images.clone().requires_grad_(True)
+    expected_out = reference(xs)
+    (expected_out * upstream).sum().backward()
+    mine = images[r * 4:(r + 1) * 4].clone().requires_grad_(True)
+    out = syncd(mine)
+    (out * upstream[r * 4:(r + 1) * 4]).sum().backward()
+    check(torch.allclose(out, expected_out[r * 4:(r + 1) * 4], atol=1e-5), "GlobalBatchNorm output")
+    average_gradients(list(syncd.parameters()), w)  # as the step does; the global loss is the sum here, so x w
+    check(torch.allclose(mine.grad, xs.grad[r * 4:(r + 1) * 4], atol=1e-5), "GlobalBatchNorm input gradient")
+    check(torch.allclose(syncd.weight.grad * w, reference.weight.grad, atol=1e-4), "GlobalBatchNorm weight gradient")
+    check(torch.allclose(syncd.running_var, reference.running_var, atol=1e-6)
+          and torch.allclose(syncd.running_mean, reference.running_mean, atol=1e-6), "GlobalBatchNorm running stats")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

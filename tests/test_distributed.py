@@ -1,0 +1,257 @@
+"""Distributed training (docs/distributed.md): W processes on a global batch compute what one process computes.
+
+Every run here is launched the way a user launches one, ``kontrast train --nproc W`` (torchrun underneath,
+gloo on CPU): tiny encoders, 16-px images, three steps.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from kontrast.checkpoint import latest_checkpoint
+from kontrast.methods import METHODS
+
+DISTRIBUTED = [name for name in METHODS.names() if METHODS.get(name).distributed]
+HERE = Path(__file__).resolve().parent
+# small heads where a method's are wide (time); the same on both sides of every comparison
+# BYOL without weight decay: with the recipe's (1e-5, clipped LARS) this toy run is as sensitive to rounding as
+# to the rank count: ONE process at 1 and at 2 threads differs by 5.6e-5 in step 3's loss and 2.7e-4 in weights
+# (2 ranks vs 1: the same figures); without weight decay 1 vs 2 ranks differ by 4e-7 in loss, 5e-7 in weights.
+SMALL = {"byol": ["method.proj_hidden=64", "method.pred_hidden=64", "optim.weight_decay=0"],
+         "moco_v3": ["method.proj_hidden=64", "method.pred_hidden=64"],
+         "simsiam": ["method.proj_hidden=64", "method.proj_dim=64", "method.pred_hidden=32"],
+         # the default simple_sum mixture is as sensitive here: one process at 1 vs 2 threads differs by 5.9e-4 in
+         # step 3's loss, as 1 vs 2 ranks do; the Gaussian kernel (same gather and offsets): 3e-6
+         "kernel_infonce": ["method.kernel=gaussian"],
+         # 4 BN groups per view: 2 on each of 2 ranks, shuffled across ranks for the keys; global batch 24 (below)
+         **{name: ["method.bn_groups=4", "method.queue_size=48", "data.limit=72"] for name in ("moco_v1", "moco_v2")},
+         # InfoMin: 2 groups per view, one per rank, still shuffled across ranks
+         "infomin": ["method.bn_groups=2", "method.queue_size=48"]}
+# Shuffling BN needs groups of 6 samples here: in groups of 3 (16-px images: 2 x 2 maps in the last stage, so 12
+# values per channel) BN amplifies rounding. InfoMin with 4 groups of 3: weights after step 2 differ by 1.2e-4
+# at seed 1 (seeds 0 and 2: 4.6e-7, 1.5e-7); with 2 groups of 6: below 1.2e-7 at seeds 0, 1 and 2.
+BATCH = {"moco_v1": 24, "moco_v2": 24}
+# SwAV with its queue in the transport from step 3 (two steps of 12 keys fill 24)
+SMALL["swav"] = ["method.proj_hidden=64", "method.num_prototypes=30", "method.queue_size=24",
+                 "method.queue_start_epochs=0", "method.freeze_prototypes_epochs=0"]
+# InstDisc at lr 0.03 (its default): 1 vs 2 ranks 4.6e-5 in weights (seed 1: 2.4e-3, the memory bank; at lr 1e-9
+# 1.8e-6, so rounding amplified by training, not a logic difference); at lr 0.003 1.1e-6
+SMALL["instdisc"] = ["optim.lr=0.003"]
+# CLIP (AdamW: a step of about lr whatever the gradient's size, so rounding in tiny gradients moves weights by ~lr):
+# at lr 5e-4 one process at 1 vs 2 threads 5.2e-6, 1 vs 2 ranks 1.6e-5; at 5e-5: 4e-7 and 8.8e-7
+SMALL["clip"] = ["optim.lr=5e-5"]
+# CPC v2: 4-px patches at stride 2 (a 7 x 7 grid of 16-px images); pools of 2 images, which divide 6 and 12
+SMALL["cpc_v2"] = ["method.patch_size=4", "method.patch_stride=2", "method.negative_pool=2"]
+SMALL["cpc"] = ["method.context_dim=32", "method.steps=3", "method.negative_pool=3"]
+# AMDIM and YADIM on the ResNet-18 maps (the amdim encoder needs 32-px images; the cross-rank code is the same)
+# and at a tenth of the learning rate: the 1x1 shortcut's bias feeds the head's output BN, so its gradient is zero
+# up to rounding, and Adam turns that noise into steps of about lr (as for CLIP above). At the default lr the
+# losses agree to 5e-8 and the shortcut biases differ by 3.6e-5 (yadim: 9.9e-6) after 3 steps, every other weight by
+# < 5e-7.
+SMALL["amdim"] = SMALL["yadim"] = ["method.n_rkhs=32", "encoder.name=resnet18", "optim.lr=2e-5"]
+DATA = {"cpc": "sequences:48", "moco_v1": "shapes:96", "moco_v2": "shapes:96"}
+
+
+def _env() -> dict:
+    env = dict(os.environ, PYTHONPATH=str(HERE.parent / "src"), OMP_NUM_THREADS="1")
+    env.pop("WORLD_SIZE", None)
+    return env
+
+
+def _train(out: Path, name: str, nproc: int, *extra: str, batch: int = 12) -> subprocess.CompletedProcess:
+    args = ["--method", name, "--data", DATA.get(name, "shapes:48"), "--epochs", "1", "--batch-size", str(batch), "--out", str(out),
+            "--no-progress", "--nproc", str(nproc)]
+    for item in ["data.size=16", "data.limit=36", "encoder.width=0.0625", "train.log_every=1", "train.num_threads=1",
+                 *SMALL.get(name, []), *extra]:
+        args += ["--set", item]
+    return subprocess.run([sys.executable, "-m", "kontrast.cli", "train", *args], capture_output=True, text=True,
+                          env=_env(), timeout=300)
+
+
+def _losses(run: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
+
+
+BN_STATISTICS = ("running_mean", "running_var")
+
+
+def _max_weight_difference(a: Path, b: Path, bn_statistics: bool = True) -> float:
+    """Largest difference over the state dicts' float tensors (``bn_statistics=False``: BN running statistics left out)."""
+    wa = load_file(latest_checkpoint(a) / "model.safetensors")
+    wb = load_file(latest_checkpoint(b) / "model.safetensors")
+    assert wa.keys() == wb.keys()
+    keys = [k for k in wa if wa[k].is_floating_point() and (bn_statistics or not k.endswith(BN_STATISTICS))]
+    return max(float((wa[k].double() - wb[k].double()).abs().max()) if wa[k].numel() else 0.0 for k in keys)
+
+
+def test_collectives_gather_reduce_and_global_batch_norm():
+    """The gather's gradient is the analytic one (summed over ranks), a non-contiguous input keeps its gradient,
+    all_reduce sums values and gradients, and BN over the ranks' slices equals BN over the global batch."""
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=3",
+                          str(HERE / "distributed/collectives.py")], capture_output=True, text=True, env=_env(),
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+
+
+@pytest.mark.parametrize("name", DISTRIBUTED)
+def test_two_processes_equal_one_on_the_global_batch(name, tmp_path):
+    """3 steps on 2 ranks with global batch 12 = 3 steps on one process with batch 12 (fp32, <= 1e-5)."""
+    one = _train(tmp_path / "one", name, 1, batch=BATCH.get(name, 12))
+    two = _train(tmp_path / "two", name, 2, batch=BATCH.get(name, 12))
+    assert one.returncode == 0, one.stderr[-2000:]
+    assert two.returncode == 0, two.stderr[-2000:]
+    assert len(_losses(tmp_path / "two")) == 3
+    # losses ~4: 1e-5 absolute or 5e-6 relative, whichever is larger (InfoMin's step 3: 1.05e-5, 2.5e-6 relative)
+    assert _losses(tmp_path / "one") == pytest.approx(_losses(tmp_path / "two"), abs=1e-5, rel=5e-6)
+    # Under shuffling BN (MoCo v1/v2, InfoMin) each rank's BN running statistics follow its own groups, as each
+    # GPU's do in MoCo's code; one process runs every group through the same layers. They never enter training
+    # (batch statistics there); the checkpoint holds rank 0's.
+    own_groups = not METHODS.get(name).sync_bn
+    assert _max_weight_difference(tmp_path / "one", tmp_path / "two", bn_statistics=not own_groups) <= 1e-5
+
+
+def test_three_processes_equal_one():
+    """An odd world size (3 ranks of 4 samples)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        one, three = _train(tmp / "one", "simclr", 1), _train(tmp / "three", "simclr", 3)
+        assert one.returncode == 0 and three.returncode == 0, three.stderr[-2000:]
+        assert _losses(tmp / "one") == pytest.approx(_losses(tmp / "three"), abs=1e-5)
+        assert _max_weight_difference(tmp / "one", tmp / "three") <= 1e-5
+
+
+def test_batch_must_divide_by_the_processes(tmp_path):
+    run = _train(tmp_path / "run", "simclr", 2, batch=13)
+    assert run.returncode == 2
+    lines = run.stderr.strip().splitlines()
+    assert lines == ["error: train.batch_size (13) is the global batch and must divide by the number of processes "
+                     "(2); use a multiple of 2"], run.stderr[-2000:]
+    assert not (tmp_path / "run").exists()
+
+
+def test_moco_bn_groups_must_divide_by_the_processes(tmp_path):
+    run = _train(tmp_path / "run", "moco_v2", 3, "method.bn_groups=4", "method.queue_size=48")
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [
+        "error: config key 'method.bn_groups' (4) must divide by the number of processes (3): each process forwards "
+        "bn_groups / 3 BN groups"]
+
+
+def test_a_method_not_verified_across_ranks_is_refused(monkeypatch):
+    """A method joins the distributed set by setting ``distributed = True`` once it passes the test above."""
+    from kontrast.errors import UserError
+    from kontrast.methods.build import resolve
+    from kontrast.train.distributed import check_world
+
+    monkeypatch.setattr(METHODS.get("simclr"), "distributed", False)
+    cfg = resolve({"method": {"name": "simclr"}, "train": {"batch_size": 12}})
+    check_world(cfg, 1)  # one process: any method
+    with pytest.raises(UserError, match=r"^method 'simclr' does not run on several processes yet \(docs/distributed.md"):
+        check_world(cfg, 2)
+
+
+def test_cpc_pools_must_not_span_processes(tmp_path):
+    run = _train(tmp_path / "run", "cpc_v2", 2, "method.negative_pool=4")
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [
+        "error: cpc_v2: config key 'method.negative_pool' (4) must divide the batch of each process (12 / 2 = 6) so "
+        "that no pool of negatives spans two processes; choose a negative_pool that divides it"]
+
+
+def _faulty(out: Path, faults: str, *extra: str, flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    env = dict(_env(), KONTRAST_FAULTS=faults)
+    args = ["--method", "simclr", "--data", "shapes:96", "--epochs", "2", "--batch-size", "12", "--out", str(out),
+            "--no-progress", "--nproc", "2", *flags]
+    for item in ["data.size=16", "encoder.width=0.0625", "train.log_every=1", "train.num_threads=1",
+                 "train.checkpoint_every=1", *extra]:
+        args += ["--set", item]
+    return subprocess.run([sys.executable, "-m", "kontrast.cli", "train", *args], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+def _ours(stderr: str) -> list[str]:
+    """kontrast's lines (torchrun's agent logs its own, prefixed with a level letter and a date)."""
+    return [line for line in stderr.splitlines() if line.startswith(("error:", "stopped:", "warning:"))]
+
+
+def test_a_killed_rank_ends_the_run_and_resume_continues_bit_for_bit(tmp_path):
+    """SIGKILL to rank 1 after step 3: rank 0 stops with one line at its next collective, the launcher names rank 1
+    and exits 1, checkpoint 2 (the last complete one) stays, and --resume ends where an uninterrupted run ends."""
+    import time
+
+    t0 = time.monotonic()
+    run = _faulty(tmp_path / "run", "kill_after_step=3,rank=1")
+    assert time.monotonic() - t0 < 60
+    assert run.returncode == 1, run.stderr[-2000:]
+    lines = _ours(run.stderr)
+    assert len(lines) == 2, run.stderr[-2000:]
+    assert lines[0].startswith("stopped: rank 0: another process of the run stopped during step 4 (")
+    assert lines[0].endswith(f"last good checkpoint: {tmp_path / 'run'}/checkpoints/step-00000002; continue with: "
+                             f"kontrast train --out {tmp_path / 'run'} --resume --nproc 2")
+    assert lines[1] == "error: the process of rank 1 ended the run (SIGKILL); torchrun stopped the others"
+    assert latest_checkpoint(tmp_path / "run").name == "step-00000002"
+    resumed = _faulty(tmp_path / "run", "", flags=("--resume",))
+    whole = _faulty(tmp_path / "whole", "")
+    assert resumed.returncode == 0 and whole.returncode == 0, resumed.stderr[-2000:]
+    assert _max_weight_difference(tmp_path / "run", tmp_path / "whole") == 0.0
+    assert _losses(tmp_path / "run") == _losses(tmp_path / "whole")
+
+
+def test_a_nan_on_one_rank_stops_or_skips_the_step_on_every_rank(tmp_path):
+    run = _faulty(tmp_path / "stop", "nan_at_step=3,rank=1")
+    assert run.returncode == 2, run.stderr[-2000:]
+    lines = sorted(_ours(run.stderr))  # each rank stops itself; their lines arrive in either order
+    assert len(lines) == 2 and all("at step 3 (stopped at step 3; nothing after step 2 was saved)" in x for x in lines)
+    assert lines[0].startswith("error: non-finite gradient at step 3")  # rank 0: the averaged gradient
+    assert lines[1].startswith("error: rank 1: non-finite loss at step 3")  # rank 1: its own loss
+    assert latest_checkpoint(tmp_path / "stop").name == "step-00000002"
+    skip = _faulty(tmp_path / "skip", "nan_at_step=3,rank=1", "train.nonfinite=skip")
+    assert skip.returncode == 0, skip.stderr[-2000:]
+    assert json.loads(skip.stdout.strip().splitlines()[-1])["skipped_steps"] == 1
+    assert _ours(skip.stderr) == ["warning: non-finite loss or gradient at step 3; step skipped (1 in a row, 1 in all)"]
+
+
+def test_sigterm_to_the_launcher_checkpoints_once_and_exits_143(tmp_path):
+    import signal
+    import time
+
+    env = _env()
+    args = ["--method", "simclr", "--data", "shapes:96", "--epochs", "40", "--batch-size", "12", "--out",
+            str(tmp_path / "run"), "--no-progress", "--nproc", "2"]
+    for item in ["data.size=16", "encoder.width=0.0625", "train.log_every=1", "train.num_threads=1"]:
+        args += ["--set", item]
+    launcher = subprocess.Popen([sys.executable, "-m", "kontrast.cli", "train", *args], stderr=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True, env=env)
+    metrics = tmp_path / "run/metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
+        time.sleep(0.2)
+    launcher.send_signal(signal.SIGTERM)
+    _, stderr = launcher.communicate(timeout=120)
+    assert launcher.returncode == 143, stderr[-2000:]
+    lines = _ours(stderr)
+    assert len(lines) == 2 and lines[0].startswith("stopped: SIGTERM after step "), stderr[-2000:]
+    assert lines[1].startswith("stopped: SIGTERM to the launcher")
+    step = int(lines[0].split("after step ")[1].split()[0])
+    assert latest_checkpoint(tmp_path / "run").name == f"step-{step:08d}"
+    assert [p.name for p in (tmp_path / "run/checkpoints").iterdir()] == [f"step-{step:08d}"]  # one, at the signal
+
+
+def test_resume_at_another_world_size_continues(tmp_path):
+    """A checkpoint of 2 ranks resumed on 1: the same steps and sample order, the weights within rounding of the
+    2-rank run (16 steps of this toy run: 1 rank 3.4e-3, 3 ranks 3.1e-3 in weights; docs/distributed.md)."""
+    assert _faulty(tmp_path / "run", "kill_after_step=3,rank=1").returncode == 1
+    resumed = _faulty(tmp_path / "run", "", flags=("--resume", "--nproc", "1"))
+    whole = _faulty(tmp_path / "whole", "")
+    assert resumed.returncode == 0 and whole.returncode == 0, resumed.stderr[-2000:]
+    assert len(_losses(tmp_path / "run")) == len(_losses(tmp_path / "whole")) == 16
+    assert _losses(tmp_path / "run") == pytest.approx(_losses(tmp_path / "whole"), abs=0.05)
+    assert _max_weight_difference(tmp_path / "run", tmp_path / "whole") < 0.05
