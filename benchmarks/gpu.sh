@@ -9,3 +9,5 @@ cd "$(dirname "$0")/.."
 mkdir -p "${OUT:-benchmarks/results}"
 .venv/bin/python benchmarks/vs_peer.py --device cuda --threads "$(nproc)" --methods simclr,moco_v2,byol --steps 50 \
   --batch 512 --width 1 --loss-batches 512,2048,8192 --peer-python "" --json > "${OUT:-benchmarks/results}/bench-gpu.json"
+# issue 14: world size 1 under torchrun (nccl) against a plain process on the same GPU
+OUT="${OUT:-benchmarks/results}" bash benchmarks/world_size_one.sh | tee "${OUT:-benchmarks/results}/world-size-one.json"

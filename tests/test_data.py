@@ -279,6 +279,7 @@ def test_changed_content_misses_the_cache(split_tree, tmp_path):
 def test_corrupt_cache_is_rebuilt(split_tree, tmp_path, damage):
     cache_dir = tmp_path / "cache"
     first = _load(split_tree, cache_dir=cache_dir)
+    first.x = first.x.clone()  # the loaded tensors map the cache file, which this test damages in place
     for tensors in cache_dir.glob("*.safetensors"):
         data = bytearray(tensors.read_bytes())
         if damage == "truncate_tensors":
@@ -294,6 +295,19 @@ def test_corrupt_cache_is_rebuilt(split_tree, tmp_path, damage):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the rebuilt entry reads cleanly
         _load(split_tree, cache_dir=cache_dir)
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/self/maps (Linux)")
+def test_cached_images_map_the_cache_file(split_tree, tmp_path):
+    """Loads map the entry's file instead of copying it, so processes reading it share its pages."""
+    cache_dir = tmp_path / "cache"
+    built, cached = _load(split_tree, cache_dir=cache_dir), _load(split_tree, cache_dir=cache_dir)
+    assert torch.equal(built.x, cached.x)
+    maps = [line.split() for line in Path("/proc/self/maps").read_text().splitlines()]
+    for samples in (built, cached):  # the first load decoded, cached and read its entry back
+        ptr = samples.x.data_ptr()
+        files = [m[5] for m in maps if len(m) > 5 and int(m[0].split("-")[0], 16) <= ptr < int(m[0].split("-")[1], 16)]
+        assert len(files) == 1 and files[0].startswith(str(cache_dir)) and files[0].endswith(".safetensors"), files
 
 
 def test_unwritable_cache_only_warns(split_tree, tmp_path):

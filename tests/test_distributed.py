@@ -6,6 +6,7 @@ gloo on CPU): tiny encoders, 16-px images, three steps.
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -64,12 +65,17 @@ def _env() -> dict:
     return env
 
 
-def _train(out: Path, name: str, nproc: int, *extra: str, batch: int = 12) -> subprocess.CompletedProcess:
-    args = ["--method", name, "--data", DATA.get(name, "shapes:48"), "--epochs", "1", "--batch-size", str(batch), "--out", str(out),
-            "--no-progress", "--nproc", str(nproc)]
+def _args(out: Path, name: str, *extra: str, batch: int = 12) -> list[str]:
+    args = ["--method", name, "--data", DATA.get(name, "shapes:48"), "--epochs", "1", "--batch-size", str(batch),
+            "--out", str(out), "--no-progress"]
     for item in ["data.size=16", "data.limit=36", "encoder.width=0.0625", "train.log_every=1", "train.num_threads=1",
                  *SMALL.get(name, []), *extra]:
         args += ["--set", item]
+    return args
+
+
+def _train(out: Path, name: str, nproc: int, *extra: str, batch: int = 12) -> subprocess.CompletedProcess:
+    args = [*_args(out, name, *extra, batch=batch), "--nproc", str(nproc)]
     return subprocess.run([sys.executable, "-m", "kontrast.cli", "train", *args], capture_output=True, text=True,
                           env=_env(), timeout=300)
 
@@ -126,6 +132,25 @@ def test_three_processes_equal_one():
         assert one.returncode == 0 and three.returncode == 0, three.stderr[-2000:]
         assert _losses(tmp / "one") == pytest.approx(_losses(tmp / "three"), abs=1e-5)
         assert _max_weight_difference(tmp / "one", tmp / "three") <= 1e-5
+
+
+def test_two_nodes_joined_by_torchrun_rendezvous_equal_one_process(tmp_path):
+    """The several-node launch of docs/distributed.md (torchrun on every node, c10d rendezvous), with two torchrun
+    agents on this machine standing in for two nodes of one process each."""
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    node = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{port}", "--rdzv-id", "kontrast-test",
+            "-m", "kontrast.cli", "train", *_args(tmp_path / "two", "simclr")]
+    agents = [subprocess.Popen(node, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env())
+              for _ in range(2)]
+    errors = [agent.communicate(timeout=300)[1] for agent in agents]
+    assert [agent.returncode for agent in agents] == [0, 0], errors[0][-2000:] + errors[1][-2000:]
+    one = _train(tmp_path / "one", "simclr", 1)
+    assert one.returncode == 0, one.stderr[-2000:]
+    assert _losses(tmp_path / "one") == pytest.approx(_losses(tmp_path / "two"), abs=1e-5)
+    assert _max_weight_difference(tmp_path / "one", tmp_path / "two") <= 1e-5
 
 
 def test_batch_must_divide_by_the_processes(tmp_path):

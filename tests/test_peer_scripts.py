@@ -8,7 +8,6 @@ The lightly side itself runs in its own venv (benchmarks/setup_peer.sh); its pla
 import dataclasses
 import importlib.util
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -140,10 +139,3 @@ def test_table_and_doc_section(tmp_path):
     doc.write_text(f"intro\n{parity.BEGIN}\nold\n{parity.END}\nafter\n")
     parity.write_doc(doc, text)
     assert doc.read_text().startswith("intro\n") and "old" not in doc.read_text() and doc.read_text().endswith("after\n")
-
-
-@pytest.mark.skipif(not (ROOT / "runs/peer/venv/bin/python").exists(), reason="peer venv absent (setup_peer.sh)")
-def test_peer_script_starts_in_its_venv():
-    out = subprocess.run([str(ROOT / "runs/peer/venv/bin/python"), str(ROOT / "benchmarks/peer/lightly_ssl.py"),
-                          "--help"], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and "--train-limit" in out.stdout

@@ -48,27 +48,30 @@ def main() -> None:
     (total * (r + 1)).sum().backward()
     check(torch.allclose(y.grad, torch.full((2,), w * (w + 1) / 2, dtype=torch.float64)), "all_reduce gradient")
 
-    # GlobalBatchNorm on each rank's slice == BatchNorm on the global batch (output, gradients, running stats)
-    images = torch.randn(w * 4, 3, 5, 5)
-    upstream = torch.randn(w * 4, 3, 5, 5)
-    reference = nn.BatchNorm2d(3)
-    nn.init.uniform_(reference.weight)
-    nn.init.uniform_(reference.bias)
-    syncd = global_batch_norm(nn.Sequential(nn.BatchNorm2d(3)))[0]
-    syncd.load_state_dict(reference.state_dict())
-    check(isinstance(syncd, GlobalBatchNorm), "global_batch_norm did not convert")
-    xs = images.clone().requires_grad_(True)
-    expected_out = reference(xs)
-    (expected_out * upstream).sum().backward()
-    mine = images[r * 4:(r + 1) * 4].clone().requires_grad_(True)
-    out = syncd(mine)
-    (out * upstream[r * 4:(r + 1) * 4]).sum().backward()
-    check(torch.allclose(out, expected_out[r * 4:(r + 1) * 4], atol=1e-5), "GlobalBatchNorm output")
-    average_gradients(list(syncd.parameters()), w)  # as the step does; the global loss is the sum here, so x w
-    check(torch.allclose(mine.grad, xs.grad[r * 4:(r + 1) * 4], atol=1e-5), "GlobalBatchNorm input gradient")
-    check(torch.allclose(syncd.weight.grad * w, reference.weight.grad, atol=1e-4), "GlobalBatchNorm weight gradient")
-    check(torch.allclose(syncd.running_var, reference.running_var, atol=1e-6)
-          and torch.allclose(syncd.running_mean, reference.running_mean, atol=1e-6), "GlobalBatchNorm running stats")
+    # GlobalBatchNorm on each rank's slice == BatchNorm on the global batch (output, gradients, running stats),
+    # for maps (BatchNorm2d) and vectors (BatchNorm1d, the heads)
+    for bn, shape in ((nn.BatchNorm2d, (3, 5, 5)), (nn.BatchNorm1d, (3,))):
+        images = torch.randn(w * 4, *shape)
+        upstream = torch.randn(w * 4, *shape)
+        reference = bn(3)
+        nn.init.uniform_(reference.weight)
+        nn.init.uniform_(reference.bias)
+        syncd = global_batch_norm(nn.Sequential(bn(3)))[0]
+        syncd.load_state_dict(reference.state_dict())
+        check(isinstance(syncd, GlobalBatchNorm), "global_batch_norm did not convert")
+        xs = images.clone().requires_grad_(True)
+        expected_out = reference(xs)
+        (expected_out * upstream).sum().backward()
+        mine = images[r * 4:(r + 1) * 4].clone().requires_grad_(True)
+        out = syncd(mine)
+        (out * upstream[r * 4:(r + 1) * 4]).sum().backward()
+        check(torch.allclose(out, expected_out[r * 4:(r + 1) * 4], atol=1e-5), f"{bn.__name__} output")
+        average_gradients(list(syncd.parameters()), w)  # as the step does; the global loss is the sum here, so x w
+        check(torch.allclose(mine.grad, xs.grad[r * 4:(r + 1) * 4], atol=1e-5), f"{bn.__name__} input gradient")
+        check(torch.allclose(syncd.weight.grad * w, reference.weight.grad, atol=1e-4)
+              and torch.allclose(syncd.bias.grad * w, reference.bias.grad, atol=1e-4), f"{bn.__name__} weight, bias gradient")
+        check(torch.allclose(syncd.running_var, reference.running_var, atol=1e-6)
+              and torch.allclose(syncd.running_mean, reference.running_mean, atol=1e-6), f"{bn.__name__} running stats")
     dist.destroy_process_group()
 
 

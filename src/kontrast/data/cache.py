@@ -9,6 +9,11 @@ version and the source's bytes), so an edited dataset gets a new entry and a mov
 Writes are atomic (temp file in the same folder, fsync, ``os.replace``); the JSON is written
 last, so its presence certifies a complete tensor file. Any entry that fails to read or
 verify is ignored with a warning and rebuilt by the caller.
+
+Reads map the tensor file into memory (safetensors' ``load_file``, its mmap backend) instead of
+copying it: the processes that read one entry, such as the ranks of a distributed run on one node,
+share one copy of its pages (docs/distributed.md, "Memory"). The mapping is private
+(copy-on-write), so writing into the tensors never changes the file.
 """
 
 from __future__ import annotations
@@ -139,10 +144,10 @@ def _read_entry(root: Path, key: str) -> CachedSplit:
     meta = json.loads((root / f"{key}.json").read_text(encoding="utf-8"))
     if meta["format"] != FORMAT_VERSION or meta["key"] != key:
         raise ValueError("entry written by another format version or for another key")
-    blob = (root / f"{key}.safetensors").read_bytes()
-    if hashlib.sha256(blob).hexdigest() != meta["tensors_sha256"]:
+    path = root / f"{key}.safetensors"
+    if file_digest(path) != meta["tensors_sha256"]:
         raise ValueError("tensor file does not match its checksum")
-    tensors = safetensors.torch.load(blob)
+    tensors = safetensors.torch.load_file(path)  # memory-mapped: readers of one entry share its pages
     images, labels = tensors["images"], tensors.get("labels")
     _check_tensors(images, labels, meta)
     return CachedSplit(

@@ -71,7 +71,9 @@ def _cached_or_built(reader: Reader, split: str, size: int, root: Path) -> Cache
     built = reader.build(size)
     for name, part in built.items():
         cache.save_entry(root, cache.entry_key(reader.kind, name, size, digest), part)
-    return built.get(split)
+    # read back (mapped, shared with other readers) when the cache took it; else the decoded copy
+    key = cache.entry_key(reader.kind, split, size, digest)
+    return (cache.load_entry(root, key) or built.get(split)) if split in built else None
 
 
 def unlabelled_test_error(where: str) -> UserError:

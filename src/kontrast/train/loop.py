@@ -83,8 +83,12 @@ def _setup(cfg: Config, faults: NoFaults) -> tuple[StepContext, Schedule, object
     device = distributed.local_device(resolve_device(tc.device))
     ranks = distributed.init(device) if distributed.launched() else Ranks()
     distributed.check_world(cfg, ranks.world)
+    if ranks.rank > 0:
+        distributed.barrier()  # rank 0 decodes and caches first; the others then map its cache entry
     data = load_images(cfg.data.source, "train", size=cfg.data.size, cache_dir=cfg.data.cache_dir,
                        skip_bad_images=cfg.data.skip_bad_images).subset(cfg.data.limit, seed=tc.seed)
+    if ranks.rank == 0 and ranks.world > 1:
+        distributed.barrier()
     n = len(data)
     steps_per_epoch = len(batch_indices(n, tc.batch_size, 0, tc.seed))
     schedule = Schedule(n, steps_per_epoch, tc.epochs * steps_per_epoch)
