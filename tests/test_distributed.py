@@ -233,10 +233,13 @@ def test_a_killed_rank_ends_the_run_and_resume_continues_bit_for_bit(tmp_path):
 def test_a_nan_on_one_rank_stops_or_skips_the_step_on_every_rank(tmp_path):
     run = _faulty(tmp_path / "stop", "nan_at_step=3,rank=1")
     assert run.returncode == 2, run.stderr[-2000:]
-    lines = sorted(_ours(run.stderr))  # each rank stops itself; their lines arrive in either order
-    assert len(lines) == 2 and all("at step 3 (stopped at step 3; nothing after step 2 was saved)" in x for x in lines)
-    assert lines[0].startswith("error: non-finite gradient at step 3")  # rank 0: the averaged gradient
-    assert lines[1].startswith("error: rank 1: non-finite loss at step 3")  # rank 1: its own loss
+    # each rank stops itself at step 3: rank 1 on its own loss, rank 0 on the averaged gradient. Whichever exits
+    # first makes torchrun stop the other, which may then end before it prints (seen in CI): one line or two
+    lines = sorted(_ours(run.stderr))
+    assert 1 <= len(lines) <= 2 and all("at step 3 (stopped at step 3; nothing after step 2 was saved)" in x
+                                        for x in lines), run.stderr[-2000:]
+    assert all(x.startswith(("error: non-finite gradient at step 3", "error: rank 1: non-finite loss at step 3"))
+               for x in lines), lines
     assert latest_checkpoint(tmp_path / "stop").name == "step-00000002"
     skip = _faulty(tmp_path / "skip", "nan_at_step=3,rank=1", "train.nonfinite=skip")
     assert skip.returncode == 0, skip.stderr[-2000:]
