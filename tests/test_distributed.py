@@ -96,9 +96,9 @@ def _max_weight_difference(a: Path, b: Path, bn_statistics: bool = True) -> floa
     return max(float((wa[k].double() - wb[k].double()).abs().max()) if wa[k].numel() else 0.0 for k in keys)
 
 
-def test_collectives_gather_reduce_and_global_batch_norm():
+def test_collectives_gather_and_global_batch_norm():
     """The gather's gradient is the analytic one (summed over ranks), a non-contiguous input keeps its gradient,
-    all_reduce sums values and gradients, and BN over the ranks' slices equals BN over the global batch."""
+    and BN over the ranks' slices equals BN over the global batch."""
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=3",
                           str(HERE / "distributed/collectives.py")], capture_output=True, text=True, env=_env(),
                          timeout=300)

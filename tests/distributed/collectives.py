@@ -41,13 +41,6 @@ def main() -> None:
     (ranks.gather(view) * weights[r]).sum().backward()
     check(base.grad is not None and torch.allclose(base.grad.T, expected), "non-contiguous input lost its gradient")
 
-    # all_reduce: the sum on every rank; each rank's input gets the sum of every rank's upstream gradient
-    y = torch.full((2,), float(r + 1), dtype=torch.float64, requires_grad=True)
-    total = ranks.all_reduce(y)
-    check(torch.equal(total.detach(), torch.full((2,), w * (w + 1) / 2, dtype=torch.float64)), "all_reduce sum")
-    (total * (r + 1)).sum().backward()
-    check(torch.allclose(y.grad, torch.full((2,), w * (w + 1) / 2, dtype=torch.float64)), "all_reduce gradient")
-
     # GlobalBatchNorm on each rank's slice == BatchNorm on the global batch (output, gradients, running stats),
     # for maps (BatchNorm2d) and vectors (BatchNorm1d, the heads)
     for bn, shape in ((nn.BatchNorm2d, (3, 5, 5)), (nn.BatchNorm1d, (3,))):

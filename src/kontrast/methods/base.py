@@ -62,7 +62,7 @@ class Ranks:
     A run on W ranks (``kontrast train --nproc W``; docs/distributed.md) gives each rank its slice of
     the global batch, ``b = B / W`` samples, rank r holding samples ``r*b .. (r+1)*b`` of the step.
     The training room replaces this object with one backed by torch.distributed; a method never
-    imports it. ``gather`` and ``all_reduce`` carry gradients back to every rank's inputs.
+    imports it. ``gather`` carries gradients back to every rank's inputs.
     """
 
     rank: int = 0
@@ -70,10 +70,6 @@ class Ranks:
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         """``[b, ...]`` of every rank in rank order: ``[W * b, ...]`` (one process: ``x``)."""
-        return x
-
-    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """The sum of ``x`` over ranks (one process: ``x``)."""
         return x
 
     def broadcast(self, x: torch.Tensor, src: int = 0) -> torch.Tensor:

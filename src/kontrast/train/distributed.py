@@ -80,18 +80,10 @@ class ProcessGroupRanks(Ranks):
         """
         return collectives.all_gather_single(x.contiguous(), 0, dist.group.WORLD)
 
-    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum over ranks, gradient tracked (the backward sums the gradients of every rank's copy)."""
-        return _sum_over_ranks(x)
-
     def broadcast(self, x: torch.Tensor, src: int = 0) -> torch.Tensor:
         x = x.contiguous()
         dist.broadcast(x, src)
         return x
-
-
-def _sum_over_ranks(x: torch.Tensor) -> torch.Tensor:
-    return collectives.all_reduce(x.contiguous(), "sum", dist.group.WORLD)  # gradient: summed over ranks
 
 
 def average_gradients(params: list[torch.Tensor], world: int) -> None:
