@@ -5,112 +5,13 @@ Every user mistake ends as one line ``error: ...`` on stderr and exit code 2.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from pathlib import Path
 
+from kontrast.cli_args import build_parser
 from kontrast.errors import Interrupted, UserError
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, exit 2 (argparse prints usage too by default)
-        raise UserError(f"{message} (see `{self.prog} --help`)")
-
-
-def _train_args(sub) -> None:
-    p = sub.add_parser("train", help="pretrain an encoder")
-    p.add_argument("--method", help="method name (see `kontrast methods`); default simclr")
-    p.add_argument("--data", help="shapes | ImageFolder dir | .tar/.tar.gz | CIFAR folder (default: shapes)")
-    p.add_argument("--epochs", type=int)
-    p.add_argument("--batch-size", type=int)
-    p.add_argument("--out", required=True, help="run directory (checkpoints, metrics, config)")
-    p.add_argument("--config", help="YAML recipe (see configs/)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. optim.lr=0.1")
-    p.add_argument("--precision", choices=["fp32", "bf16"])
-    p.add_argument("--skip-bad-images", action="store_true", help="skip unreadable images instead of refusing")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
-    p.add_argument("--overwrite", action="store_true", help="replace the run in --out")
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--nproc", type=int, default=1, help="processes on this node (torchrun; docs/distributed.md); "
-                   "--batch-size stays the global batch")
-
-
-def _eval_args(sub) -> None:
-    p = sub.add_parser("eval", help="kNN and linear-probe top-1 of a run's encoder")
-    p.add_argument("--checkpoint", required=True, help="run directory or one checkpoint folder")
-    p.add_argument("--data", help="labelled source to evaluate on (default: the run's training source)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--no-linear", action="store_true", help="kNN only")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-
-
-def _csv(kind):
-    def parse(text: str) -> tuple:
-        return tuple(kind(item) for item in text.split(",") if item)
-
-    return parse
-
-
-def _theory_args(sub) -> None:
-    p = sub.add_parser("theory", help="check contrastive-learning theory on worlds where the truth is known")
-    which = p.add_subparsers(dest="experiment", required=True, parser_class=_Parser)
-    s = which.add_parser("spectral", help="contrastive learning vs spectral clustering of a known augmentation graph")
-    s.add_argument("--out", default="runs/theory", help="folder for spectral.json and spectral.png")
-    for name, kind in (("n", int), ("k", int), ("steps", int), ("batch", int), ("seeds", int), ("seed", int),
-                       ("eval-every", int), ("lr", float), ("mlp-lr", float), ("tau", float), ("gamma", float),
-                       ("bandwidth", float)):
-        s.add_argument(f"--{name}", type=kind)
-    s.add_argument("--losses", type=_csv(str), help="comma list of: spectral,infonce,laplacian,gamma,mixture")
-    s.add_argument("--encoders", type=_csv(str), help="comma list of: table,mlp")
-    m = which.add_parser("mi", help="InfoNCE's bound log N - L on pairs with known mutual information")
-    m.add_argument("--out", default="runs/theory", help="folder for mi.json and mi.png")
-    for name, kind in (("dim", int), ("rho", float), ("steps", int), ("pairs", int), ("eval-pairs", int),
-                       ("seed", int)):
-        m.add_argument(f"--{name}", type=kind)
-    m.add_argument("--ns", type=_csv(int), help="comma list of N, e.g. 2,8,64,512")
-
-
-def _diagnose_args(sub) -> None:
-    p = sub.add_parser("diagnose", help="alignment, uniformity, collapse and graph spectrum of a run's encoder")
-    p.add_argument("--checkpoint", required=True, help="run directory or one checkpoint folder")
-    p.add_argument("--data", help="images to embed (default: the run's training source)")
-    p.add_argument("--split", choices=["train", "test"], default="test")
-    p.add_argument("--limit", type=int, default=512, help="images used (a fixed random subset)")
-    p.add_argument("--temperature", type=float, default=0.5, help="of the batch similarity graph")
-    p.add_argument("--graph-size", type=int, default=256, help="images in the similarity graph (2 views each)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--out", help="folder for diagnostics.json and .png (default: RUN/diagnostics)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-
-
-def _bench_args(sub) -> None:
-    from kontrast.bench.options import add_arguments
-
-    p = sub.add_parser("bench", help="this machine's speed: augmentation, per-step breakdown, loss, training images/s")
-    add_arguments(p)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="kontrast", description="Contrastive self-supervised learning in five components.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    _train_args(sub)
-    _eval_args(sub)
-    sub.add_parser("methods", help="list methods")
-    c = sub.add_parser("captions", help="write a JSONL of image paths + captions made from an ImageFolder's class names")
-    c.add_argument("--data", required=True, help="ImageFolder directory (class sub-folders)")
-    c.add_argument("--out", required=True, help="output .jsonl (image paths relative to its folder)")
-    c.add_argument("--seed", type=int, default=0, help="template choice per image")
-    _theory_args(sub)
-    _diagnose_args(sub)
-    _bench_args(sub)
-    d = sub.add_parser("demo", help="pretrain on the built-in shapes data and compare with baselines")
-    d.add_argument("--out", default="runs/demo")
-    d.add_argument("--epochs", type=int)
-    d.add_argument("--no-progress", action="store_true")
-    return parser
 
 
 def _train_config(args):
@@ -130,7 +31,8 @@ def _train_config(args):
         if saved != args.method:
             raw["method"] = {"name": args.method}  # another method's args do not carry over
     flags = {"data": {"source": args.data, "skip_bad_images": args.skip_bad_images or None},
-             "train": {"epochs": args.epochs, "batch_size": args.batch_size, "precision": args.precision}}
+             "train": {"epochs": args.epochs, "batch_size": args.batch_size, "precision": args.precision,
+                       "device": args.device}}
     for section, values in flags.items():
         raw = merge(raw, {section: {k: v for k, v in values.items() if v is not None}})
     for item in args.set:
@@ -172,6 +74,9 @@ def _launch(nproc: int, argv: list[str]) -> int:
 
 
 def _run(args, argv: list[str]) -> int:
+    if args.command is None:  # bare `kontrast`: what it can do
+        build_parser().print_help()
+        return 0
     if args.command == "methods":
         from kontrast.methods import METHODS
 
@@ -205,6 +110,8 @@ def _run(args, argv: list[str]) -> int:
                   + (f", linear top-1 {result['linear_top1']:.4f}" if "linear_top1" in result else "")
                   + (f", zero-shot top-1 {result['zeroshot_top1']:.4f}" if "zeroshot_top1" in result else ""))
         return 0
+    if args.command in ("embed", "export", "report"):
+        return _take_away(args)
     if args.command == "captions":
         from kontrast.data.captions import write_captions
 
@@ -242,7 +149,37 @@ def _run(args, argv: list[str]) -> int:
     raise AssertionError(args.command)
 
 
+def _take_away(args) -> int:
+    """What a user takes from a run: embeddings with file names, a portable backbone, a report page."""
+    if args.command == "embed":
+        from kontrast.outputs.embed import embed_run
+
+        info = embed_run(args.checkpoint, args.data, args.out, split=args.split, batch_size=args.batch_size,
+                         device=args.device, overwrite=args.overwrite, progress=not args.no_progress)
+        print(f"wrote {info['rows']} embeddings of dim {info['dim']} to {', '.join(info['files'])}")
+        return 0
+    if args.command == "export":
+        from kontrast.outputs.export import export_backbone
+
+        info = export_backbone(args.checkpoint, args.out, overwrite=args.overwrite)
+        print(f"wrote {args.out}: {info['architecture']} ({info['format']} state_dict, feature dim "
+              f"{info['feature_dim']}); load it with kontrast.load_backbone({str(args.out)!r})")
+        return 0
+    from kontrast.report import write_report
+
+    print(f"wrote {write_report(args.run, args.out, device=args.device, limit=args.limit)}")
+    return 0
+
+
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """Warnings as ``warning: ...`` on one line, without Python's source line."""
+    return f"warning: {message}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
+    import warnings
+
+    warnings.formatwarning = _one_line_warning
     try:
         argv = sys.argv[1:] if argv is None else argv
         return _run(build_parser().parse_args(argv), argv)

@@ -25,7 +25,7 @@ from typing import Any, Literal, Mapping, Union, get_args, get_origin, get_type_
 
 import yaml
 
-from kontrast.errors import UserError
+from kontrast.errors import UserError, did_you_mean
 from kontrast.precision import PRECISIONS
 
 _BOUNDS = {"gt": (">", lambda v, b: v > b), "ge": (">=", lambda v, b: v >= b),
@@ -83,6 +83,7 @@ class EncoderConfig:
     stem: str | None = checked(None, choices=("cifar", "imagenet"))  # cifar (3x3, no max-pool; resnet default)
     width: float = checked(1.0, gt=0)  # channel multiplier
     zero_init_residual: bool = False  # each residual block starts as the identity (last BN gamma = 0; kontrast ResNets)
+    weights: str | None = None  # start from a local state_dict: torchvision / timm file or a `kontrast export` folder
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,8 @@ def parse_section(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
     for key in values:
         if key not in known:
             raise UserError(
-                f"unknown config key '{prefix}.{key}'; known keys in {prefix}: {', '.join(sorted(known))}"
+                f"unknown config key '{prefix}.{key}'{did_you_mean(f'{prefix}.{key}', [f'{prefix}.{k}' for k in known])}; known keys in {prefix}: "
+                f"{', '.join(sorted(known))}"
             )
     obj = cls(**{k: _coerce(v, hints[k], f"{prefix}.{k}") for k, v in values.items()})
     if dataclasses.is_dataclass(obj):
@@ -260,7 +262,7 @@ def build_config(raw: Mapping[str, Any], params: type | None = None) -> Config:
     """
     for key in raw:
         if key not in SECTIONS:
-            raise UserError(f"unknown config section {key!r}; known: {', '.join(SECTIONS)}")
+            raise UserError(f"unknown config section {key!r}{did_you_mean(key, SECTIONS)}; known: {', '.join(SECTIONS)}")
     kwargs = {}
     for name, cls in SECTIONS.items():
         values = dict(raw.get(name) or {})

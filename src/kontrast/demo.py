@@ -27,6 +27,8 @@ def run_demo(out: str | Path, *, epochs: int | None = None, progress: bool = Tru
     cfg = resolve(raw)
     print(f"kontrast demo: {cfg.method.name} on {cfg.data.source}, {cfg.encoder.name} width {cfg.encoder.width}, "
           f"{cfg.train.epochs} epochs, batch {cfg.train.batch_size}, {cfg.train.precision}")
+    if (Path(out) / "config.yaml").is_file():
+        print(f"note: replacing the earlier demo run in {out} (pass --out DIR to keep it)")
     summary = fit(cfg, out, overwrite=True, progress=progress)
 
     kw = dict(size=cfg.data.size, cache_dir=cfg.data.cache_dir)

@@ -15,3 +15,11 @@ class Interrupted(Exception):
     def __init__(self, message: str, exit_code: int):
         super().__init__(message)
         self.exit_code = exit_code
+
+
+def did_you_mean(name: str, known) -> str:
+    """``" (did you mean 'simclr'?)"`` for the closest of ``known`` to a mistyped ``name``; ``""`` if none is close."""
+    import difflib
+
+    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable, Generic, TypeVar
 
-from kontrast.errors import UserError
+from kontrast.errors import UserError, did_you_mean
 
 T = TypeVar("T")
 
@@ -33,7 +33,7 @@ class Registry(Generic[T]):
     def get(self, name: str) -> T:
         if name not in self._items:
             known = ", ".join(sorted(self._items))
-            raise UserError(f"unknown {self.kind} {name!r}; choose one of: {known}")
+            raise UserError(f"unknown {self.kind} {name!r}{did_you_mean(name, self._items)}; choose one of: {known}")
         return self._items[name]
 
     def names(self) -> list[str]:

@@ -48,16 +48,17 @@ def add_arguments(p, *, data_default: str = "shapes") -> None:
     """The options of :class:`BenchOptions` (and ``--json``) on the argparse parser ``p``."""
     p.add_argument("--sections", type=_csv(str), help="comma list of: augment,step,loss,train (default: all)")
     p.add_argument("--data", default=data_default, help=f"training source (default: {data_default})")
-    p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--encoder", default="resnet18")
-    p.add_argument("--width", type=float, default=0.25)
+    p.add_argument("--batch", type=int, default=256, help="images per step (default 256)")
+    p.add_argument("--encoder", default="resnet18", help="step, train: encoder name (default resnet18)")
+    p.add_argument("--width", type=float, default=0.25, help="step, train: encoder width (default 0.25)")
     p.add_argument("--threads", type=int, default=0, help="torch threads per process (default: all CPUs)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps (default cpu)")
     p.add_argument("--recipes", type=_csv(str), help="augment: comma list of recipes (default: all)")
     p.add_argument("--methods", type=_csv(str), help="step: comma list of methods (default: all image methods)")
     p.add_argument("--aug-seconds", type=float, default=2.0, help="augment: seconds per measurement")
     p.add_argument("--step-iters", type=int, default=3, help="step: timed steps per method")
-    p.add_argument("--step-setting", choices=["fp32", "bf16_cl"], default="bf16_cl")
+    p.add_argument("--step-setting", choices=["fp32", "bf16_cl"], default="bf16_cl",
+                   help="step: fp32, or bf16 autocast + channels_last (default)")
     p.add_argument("--loss-batches", type=_csv(int), help="loss: comma list of batch sizes")
     p.add_argument("--steps", type=int, default=30, help="train: steps per end-to-end run")
     p.add_argument("--settings", type=_csv(str),

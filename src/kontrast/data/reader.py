@@ -59,7 +59,8 @@ def load_cached(
             else ""
         )
         raise UserError(f"no readable {split} images in {reader.where}{hint}")
-    return Samples(entry.images, entry.labels, entry.classes, f"{reader.where} ({split})", entry.paths)
+    return Samples(entry.images, entry.labels, entry.classes, f"{reader.where} ({split})", entry.paths,
+                   layout=entry.layout)
 
 
 def _cached_or_built(reader: Reader, split: str, size: int, root: Path) -> CachedSplit | None:
@@ -78,6 +79,7 @@ def _cached_or_built(reader: Reader, split: str, size: int, root: Path) -> Cache
 
 def unlabelled_test_error(where: str) -> UserError:
     return UserError(
-        f"{where} has no labelled test split (its images are not in class sub-folders); "
-        "evaluation needs labelled data: put the images in one sub-folder per class"
+        f"{where} has no labelled test split (its images are not in class sub-folders): `kontrast diagnose` "
+        "and `kontrast embed` work on it with --split train; kNN and linear scores (`kontrast eval`) need "
+        "labels: put the images in one sub-folder per class, or pass --data a labelled source"
     )

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kontrast.data.layout import HOLDOUT_EVERY
+
 
 @dataclass
 class Samples:
@@ -29,6 +31,7 @@ class Samples:
     name: str  # human-readable source description
     paths: list[str] = None  # type: ignore[assignment]  # one per row (see above)
     captions: list[str] | None = None  # one text per row (paired files, kontrast.data.pairs), else None
+    layout: str = ""  # how a folder divides into splits (kontrast.data.layout): "splits", "holdout", "flat"; "" else
 
     def __post_init__(self) -> None:
         if self.paths is None:
@@ -47,7 +50,25 @@ class Samples:
         rows = keep.tolist()
         labels = None if self.labels is None else self.labels[keep]
         captions = None if self.captions is None else [self.captions[i] for i in rows]
-        return Samples(self.x[keep], labels, self.classes, self.name, [self.paths[i] for i in rows], captions)
+        return Samples(self.x[keep], labels, self.classes, self.name, [self.paths[i] for i in rows], captions,
+                       self.layout)
+
+    def summary(self, of: int = 0) -> str:
+        """One line for the start of a run: how many images, labelled or not, what is held out, the resolution.
+
+        ``of``: the split's size before a ``data.limit`` subset (0: no subset).
+        """
+        unit = "sequences" if self.x.ndim == 3 else "images"
+        count = f"{len(self)} training {unit}" + (f" (a fixed random subset of {of})" if of > len(self) else "")
+        kind = f"labelled, {len(self.classes)} classes" if self.labels is not None else "unlabelled"
+        held = {"holdout": f"class folders only: every {HOLDOUT_EVERY}th image of each class "
+                           f"({100 // HOLDOUT_EVERY} %) is held out as the test split for `kontrast eval`",
+                "splits": "the train split (the test/ or val/ folder is held out for `kontrast eval`)",
+                "flat": "nothing held out (no labels)"}.get(self.layout, "the train split")
+        c, *rest = self.x.shape[1:]
+        pixels = (f"{c} channels x {rest[0]} steps" if self.x.ndim == 3
+                  else f"{rest[0]}x{rest[1]} px")
+        return f"data: {count} from {self.name}; {kind}; {held}; {pixels}"
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,17 @@ def load_images(
     )
 
 
+def absolute_source(source: str) -> str:
+    """``source`` with a path on disk made absolute (a run's config then works from any folder);
+    built-in names (``shapes``, ``sequences:N``) and missing paths are returned as given."""
+    for name in SOURCES.names():
+        kind = SOURCES.get(name)
+        if kind.order == 0 and kind.matches(source):
+            return source
+    path = Path(source).expanduser()
+    return str(path.resolve()) if path.exists() else source
+
+
 def check_split(split: str) -> None:
     """UserError unless ``split`` is ``"train"`` or ``"test"``."""
     if split not in SPLITS:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from torch import nn
 
 from kontrast.encoders import amdim, resnet, sequence  # noqa: F401  (register resnet18/34/50, amdim, conv1d, cpc_audio)
-from kontrast.errors import UserError
+from kontrast.errors import UserError, did_you_mean
 from kontrast.registry import ENCODERS
 
 TORCHVISION_PREFIX = "torchvision:"
@@ -33,10 +33,20 @@ def create_encoder(name: str, *, stem: str | None = None, width: float = 1.0, **
     """
     if name.startswith(TORCHVISION_PREFIX):
         return create_torchvision(name[len(TORCHVISION_PREFIX):], stem=stem, width=width, **kw)
-    if name not in ENCODERS:
-        known = ", ".join(ENCODERS.names())
-        raise UserError(f"unknown encoder {name!r}; choose one of: {known}, or torchvision:<model>")
+    check_encoder_name(name)
     return ENCODERS.get(name)(stem=stem or "cifar", width=width, **kw)
+
+
+def check_encoder_name(name: str) -> None:
+    """A one-line UserError (with the closest name) unless ``name`` is an encoder ``create_encoder`` builds."""
+    if name.startswith(TORCHVISION_PREFIX):
+        from kontrast.encoders.torchvision_models import check_model_name
+
+        check_model_name(name[len(TORCHVISION_PREFIX):])
+    elif name not in ENCODERS:
+        known = ", ".join(ENCODERS.names())
+        raise UserError(f"unknown encoder {name!r}{did_you_mean(name, ENCODERS.names())}; choose one of: {known}, "
+                        "or torchvision:<model>")
 
 
 def create_torchvision(model: str, *, stem: str | None, width: float, **kw) -> nn.Module:
@@ -53,4 +63,4 @@ def create_torchvision(model: str, *, stem: str | None, width: float, **kw) -> n
     return build_torchvision_encoder(model, **kw)
 
 
-__all__ = ["ENCODERS", "TORCHVISION_PREFIX", "create_encoder"]
+__all__ = ["ENCODERS", "TORCHVISION_PREFIX", "check_encoder_name", "create_encoder"]

@@ -29,7 +29,7 @@ def load_run(path: str | Path) -> tuple[Config, Method, Path]:
     if not (run_dir / "config.yaml").is_file():
         raise UserError(f"{run_dir}/config.yaml is missing; --checkpoint must point at a kontrast run directory")
     cfg = resolve(load_yaml(run_dir / "config.yaml"))
-    method = create_method(cfg, num_samples=_num_samples(ckpt))
+    method = create_method(cfg, num_samples=_num_samples(ckpt), pretrained=False)  # the checkpoint's weights follow
     load_weights(ckpt, method)
     return cfg, method, ckpt
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from kontrast.augment import recipe_views
 from kontrast.config import Config, build_config, merge
-from kontrast.encoders import create_encoder
+from kontrast.encoders import check_encoder_name, create_encoder
+from kontrast.encoders.weights import load_weights_into
 from kontrast.errors import UserError
 from kontrast.methods.base import Method
 from kontrast.registry import METHODS
@@ -25,13 +26,20 @@ def resolve(raw: dict | None = None) -> Config:
     raw = dict(raw or {})
     cls = METHODS.get((raw.get("method") or {}).get("name", "simclr"))
     cfg = build_config(merge(dict(cls.defaults), raw), params=cls.Params)
+    check_encoder_name(cfg.encoder.name)  # a mistyped name is the first thing said, before any data is read
     if hasattr(cfg.method.params, "validate"):  # checks spanning sections, e.g. MoCo's queue vs the batch size
         cfg.method.params.validate(cfg)
     return cfg
 
 
-def create_method(cfg: Config, num_samples: int = 0) -> Method:
-    """The configured method; ``num_samples`` (training-set size) sizes per-sample state such as memory banks."""
+def create_method(cfg: Config, num_samples: int = 0, *, pretrained: bool = True) -> Method:
+    """The configured method; ``num_samples`` (training-set size) sizes per-sample state such as memory banks.
+
+    ``pretrained``: load ``encoder.weights`` (when set) into the encoder before the method is built, so
+    copies the method makes in its constructor (BYOL's and MoCo's EMA targets) start from those weights.
+    ``False`` when a checkpoint's weights are loaded over the method anyway (evaluating a finished run),
+    so a weights file moved away since training does not stop it.
+    """
     cls = METHODS.get(cfg.method.name)
     if not isinstance(cfg.method.params, cls.Params):
         raise UserError(f"the config's method parameters are not {cfg.method.name}'s; build the config with "
@@ -44,6 +52,8 @@ def create_method(cfg: Config, num_samples: int = 0) -> Method:
             raise
         raise UserError(f"encoder {cfg.encoder.name!r} has no zero_init_residual option; "
                         "set encoder.zero_init_residual=false") from err
+    if pretrained and cfg.encoder.weights:
+        load_weights_into(encoder, cfg.encoder.weights)  # before the method: its EMA target copies these
     return cls(encoder, cfg.method.params, num_samples)
 
 

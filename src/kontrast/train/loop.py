@@ -17,7 +17,7 @@ import json
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -27,6 +27,7 @@ from kontrast.augment import derive_key, key_tensor, view_maker
 from kontrast.checkpoint import latest_checkpoint, load_checkpoint, remove_partial, save_checkpoint
 from kontrast.config import Config, dump
 from kontrast.data import batch_indices, load_images
+from kontrast.data.sources import absolute_source
 from kontrast.errors import Interrupted, UserError
 from kontrast.methods.base import Progress, Ranks
 from kontrast.train import distributed
@@ -75,7 +76,7 @@ def fit(cfg: Config, run_dir: str | Path, *, resume: bool = False, overwrite: bo
         distributed.close()
 
 
-def _setup(cfg: Config, faults: NoFaults) -> tuple[StepContext, Schedule, object]:
+def _setup(cfg: Config, faults: NoFaults, resume: bool = False) -> tuple[StepContext, Schedule, object]:
     """Data, method, views, optimizer and lr schedule of a run (nothing on disk yet)."""
     tc = cfg.train
     if tc.num_threads:
@@ -85,15 +86,18 @@ def _setup(cfg: Config, faults: NoFaults) -> tuple[StepContext, Schedule, object
     distributed.check_world(cfg, ranks.world)
     if ranks.rank > 0:
         distributed.barrier()  # rank 0 decodes and caches first; the others then map its cache entry
-    data = load_images(cfg.data.source, "train", size=cfg.data.size, cache_dir=cfg.data.cache_dir,
-                       skip_bad_images=cfg.data.skip_bad_images).subset(cfg.data.limit, seed=tc.seed)
+    full = load_images(cfg.data.source, "train", size=cfg.data.size, cache_dir=cfg.data.cache_dir,
+                       skip_bad_images=cfg.data.skip_bad_images)
+    data = full.subset(cfg.data.limit, seed=tc.seed)
+    if ranks.rank == 0:
+        print(data.summary(of=len(full)), flush=True)  # stdout: stderr stays for errors and warnings
     if ranks.rank == 0 and ranks.world > 1:
         distributed.barrier()
     n = len(data)
     steps_per_epoch = len(batch_indices(n, tc.batch_size, 0, tc.seed))
     schedule = Schedule(n, steps_per_epoch, tc.epochs * steps_per_epoch)
     torch.manual_seed(tc.seed)
-    method = create_method(cfg, num_samples=n).to(device)
+    method = create_method(cfg, num_samples=n, pretrained=not resume).to(device)  # resume: the checkpoint's weights
     method.ranks = ranks
     if ranks.world > 1 and tc.sync_bn and method.sync_bn:
         distributed.global_batch_norm(method)  # BN statistics of the global batch, as on one process
@@ -133,10 +137,19 @@ def _restore(ctx: StepContext, cfg: Config, schedule: Schedule, run_dir: Path) -
     return state["step"], {k: state[k] for k in ("skipped", "consecutive_skips", "collapse") if k in state}
 
 
+def absolute_paths(cfg: Config) -> Config:
+    """``cfg`` with its paths on disk (data source, cache, initial weights) absolute, as config.yaml keeps them."""
+    weights = cfg.encoder.weights and str(Path(cfg.encoder.weights).expanduser().absolute())
+    cache = cfg.data.cache_dir and str(Path(cfg.data.cache_dir).expanduser().absolute())
+    return replace(cfg, data=replace(cfg.data, source=absolute_source(cfg.data.source), cache_dir=cache),
+                   encoder=replace(cfg.encoder, weights=weights))
+
+
 def _fit(cfg: Config, run_dir: Path, resume: bool, overwrite: bool, progress: bool, faults: NoFaults) -> dict:
     check_run_dir(run_dir, resume=resume, overwrite=overwrite)
+    cfg = absolute_paths(cfg)
     tc = cfg.train
-    ctx, schedule, data = _setup(cfg, faults)
+    ctx, schedule, data = _setup(cfg, faults, resume)
     start_step, counters = 0, {"skipped": 0, "consecutive_skips": 0, "collapse": None}
     if resume:
         start_step, saved = _restore(ctx, cfg, schedule, run_dir)

@@ -1,0 +1,163 @@
+"""The command line's grammar: every command and flag, each with its help text (dispatch is in ``cli``)."""
+
+from __future__ import annotations
+
+import argparse
+
+from kontrast.errors import UserError
+
+DEVICE_HELP = "cpu, cuda, cuda:N or mps (default: %(default)s)"
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2 (argparse prints usage too by default)
+        raise UserError(f"{message} (see `{self.prog} --help`)")
+
+
+def _csv(kind):
+    def parse(text: str) -> tuple:
+        return tuple(kind(item) for item in text.split(",") if item)
+
+    return parse
+
+
+def _train_args(sub) -> None:
+    p = sub.add_parser("train", help="pretrain an encoder")
+    p.add_argument("--method", help="method name (see `kontrast methods`); default simclr")
+    p.add_argument("--data", help="shapes | ImageFolder dir | .tar/.tar.gz | CIFAR folder (default: shapes)")
+    p.add_argument("--epochs", type=int, help="passes over the training images (default: the method's)")
+    p.add_argument("--batch-size", type=int, help="images per step, all processes together (default: the method's)")
+    p.add_argument("--out", required=True, help="run directory (checkpoints, metrics, config)")
+    p.add_argument("--config", help="YAML recipe (see configs/)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. optim.lr=0.1")
+    p.add_argument("--precision", choices=["fp32", "bf16"], help="fp32, or bf16 autocast (default: fp32)")
+    p.add_argument("--device", help="auto, cpu, cuda, cuda:N or mps (default: auto, a GPU when there is one)")
+    p.add_argument("--skip-bad-images", action="store_true", help="skip unreadable images instead of refusing")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="replace the run in --out")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--nproc", type=int, default=1, help="processes on this node (torchrun; docs/distributed.md); "
+                   "--batch-size stays the global batch")
+
+
+def _eval_args(sub) -> None:
+    p = sub.add_parser("eval", help="kNN and linear-probe top-1 of a run's encoder")
+    p.add_argument("--checkpoint", required=True, help="run directory or one checkpoint folder")
+    p.add_argument("--data", help="labelled source to evaluate on (default: the run's training source)")
+    p.add_argument("--device", default="cpu", help=DEVICE_HELP)
+    p.add_argument("--no-linear", action="store_true", help="kNN only")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _outputs_args(sub) -> None:
+    p = sub.add_parser("embed", help="frozen encoder features of every image, with file names")
+    p.add_argument("--checkpoint", required=True, help="run directory or one checkpoint folder")
+    p.add_argument("--data", help="images to embed: any source `train --data` reads (default: the run's own)")
+    p.add_argument("--out", required=True, help="output file; its extension picks the format: "
+                   ".npy (+ .paths.txt beside it), .pt, .parquet or .csv")
+    p.add_argument("--split", choices=["all", "train", "test"], default="all",
+                   help="which images of the source (default: all, in path order)")
+    p.add_argument("--batch-size", type=int, default=512, help="images per forward pass (default: %(default)s)")
+    p.add_argument("--device", default="cpu", help=DEVICE_HELP)
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p = sub.add_parser("export", help="the encoder as a torchvision state_dict (safetensors) + a JSON of how to use it")
+    p.add_argument("--checkpoint", required=True, help="run directory or one checkpoint folder")
+    p.add_argument("--out", required=True, help="folder to write backbone.safetensors and backbone.json into")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it holds files")
+    p = sub.add_parser("report", help="one self-contained HTML page: curves, embedding map, neighbours, views")
+    p.add_argument("run", help="run directory")
+    p.add_argument("--out", help="HTML file to write (default: RUN/report.html)")
+    p.add_argument("--limit", type=int, default=2000, help="images in the map and the neighbours (default: %(default)s)")
+    p.add_argument("--device", default="cpu", help=DEVICE_HELP)
+
+
+def _theory_args(sub) -> None:
+    p = sub.add_parser("theory", help="check contrastive-learning theory on worlds where the truth is known")
+    which = p.add_subparsers(dest="experiment", required=True, parser_class=Parser)
+    s = which.add_parser("spectral", help="contrastive learning vs spectral clustering of a known augmentation graph")
+    s.add_argument("--out", default="runs/theory", help="folder for spectral.json and spectral.png")
+    for name, kind, text in (
+            ("n", int, "objects in the world"), ("k", int, "planted clusters (= embedding dim)"),
+            ("steps", int, "training steps"), ("batch", int, "positive pairs per step"),
+            ("seeds", int, "training runs per (encoder, loss)"), ("seed", int, "world and first training seed"),
+            ("eval-every", int, "steps between evaluations"), ("lr", float, "Adam lr of the table encoder"),
+            ("mlp-lr", float, "Adam lr of the MLP encoder"), ("tau", float, "temperature of every kernel"),
+            ("gamma", float, "exponent of the gamma kernel"), ("bandwidth", float, "augmentation kernel length scale")):
+        s.add_argument(f"--{name}", type=kind, help=text)
+    s.add_argument("--losses", type=_csv(str), help="comma list of: spectral,infonce,laplacian,gamma,mixture")
+    s.add_argument("--encoders", type=_csv(str), help="comma list of: table,mlp")
+    m = which.add_parser("mi", help="InfoNCE's bound log N - L on pairs with known mutual information")
+    m.add_argument("--out", default="runs/theory", help="folder for mi.json and mi.png")
+    for name, kind, text in (
+            ("dim", int, "independent coordinate pairs"), ("rho", float, "correlation of each pair"),
+            ("steps", int, "critic training steps per N"), ("pairs", int, "pairs per training step"),
+            ("eval-pairs", int, "fresh pairs for each estimate"), ("seed", int, "random seed")):
+        m.add_argument(f"--{name}", type=kind, help=text)
+    m.add_argument("--ns", type=_csv(int), help="comma list of N, e.g. 2,8,64,512")
+
+
+def _diagnose_args(sub) -> None:
+    p = sub.add_parser("diagnose", help="alignment, uniformity, collapse and graph spectrum of a run's encoder")
+    p.add_argument("--checkpoint", required=True, help="run directory or one checkpoint folder")
+    p.add_argument("--data", help="images to embed (default: the run's training source)")
+    p.add_argument("--split", choices=["train", "test"], default="test", help="images of this split (default: test)")
+    p.add_argument("--limit", type=int, default=512, help="images used (a fixed random subset)")
+    p.add_argument("--temperature", type=float, default=0.5, help="of the batch similarity graph")
+    p.add_argument("--graph-size", type=int, default=256, help="images in the similarity graph (2 views each)")
+    p.add_argument("--seed", type=int, default=0, help="of the subset and the views")
+    p.add_argument("--device", default="cpu", help=DEVICE_HELP)
+    p.add_argument("--out", help="folder for diagnostics.json and .png (default: RUN/diagnostics)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _bench_args(sub) -> None:
+    from kontrast.bench.options import add_arguments
+
+    p = sub.add_parser("bench", help="this machine's speed: augmentation, per-step breakdown, loss, training images/s")
+    add_arguments(p)
+
+
+def _version() -> str:
+    import platform
+
+    import torch
+    import torchvision
+
+    from kontrast import __version__
+
+    return (f"kontrast {__version__} (torch {torch.__version__}, torchvision {torchvision.__version__}, "
+            f"Python {platform.python_version()})")
+
+
+class _Version(argparse.Action):
+    """``--version``: torch is imported only when asked."""
+
+    def __init__(self, option_strings, dest, **kw):
+        super().__init__(option_strings, dest, nargs=0, help="print the versions of kontrast, torch and torchvision")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(_version())
+        parser.exit()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="kontrast", description="Contrastive self-supervised learning in five components.")
+    parser.add_argument("--version", action=_Version)
+    sub = parser.add_subparsers(dest="command", parser_class=Parser, metavar="COMMAND")
+    _train_args(sub)
+    _eval_args(sub)
+    _outputs_args(sub)
+    sub.add_parser("methods", help="list methods")
+    c = sub.add_parser("captions", help="write a JSONL of image paths + captions made from an ImageFolder's class names")
+    c.add_argument("--data", required=True, help="ImageFolder directory (class sub-folders)")
+    c.add_argument("--out", required=True, help="output .jsonl (image paths relative to its folder)")
+    c.add_argument("--seed", type=int, default=0, help="template choice per image")
+    _theory_args(sub)
+    _diagnose_args(sub)
+    _bench_args(sub)
+    d = sub.add_parser("demo", help="pretrain on the built-in shapes data and compare with baselines")
+    d.add_argument("--out", default="runs/demo", help="run directory (default: %(default)s)")
+    d.add_argument("--epochs", type=int, help="pretraining epochs (default: demo.yaml's)")
+    d.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser

@@ -1,0 +1,142 @@
+"""The small things a new user trips on: each one a line of output or an error that says what to do."""
+
+import argparse
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+
+from kontrast.cli import main
+from kontrast.cli_args import build_parser
+
+TINY = ["--set", "encoder.width=0.125", "--set", "data.size=16", "--no-progress"]
+
+
+def _one_line_error(capsys, *fragments):
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def _photos(root, classes=("a", "b"), per_class=10, flat=False):
+    rng = np.random.default_rng(0)
+    for c in classes:
+        folder = root if flat else root / c
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            Image.fromarray(rng.integers(0, 255, (20, 20, 3), dtype=np.uint8)).save(folder / f"{c}{i:02d}.png")
+    return root
+
+
+def test_bare_kontrast_prints_help(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: kontrast") and "embed" in out and "export" in out and "report" in out
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("kontrast 0.") and "torch 2." in out
+
+
+def test_every_flag_of_every_command_has_help():
+    missing = []
+
+    def visit(parser, prefix):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    visit(sub, f"{prefix} {name}")
+            elif action.help in (None, "") and not isinstance(action, argparse._HelpAction):
+                missing.append(f"{prefix} {'/'.join(action.option_strings) or action.dest}")
+
+    visit(build_parser(), "kontrast")
+    assert missing == []
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["train", "--out", "x", "--method", "simclear"], "did you mean 'simclr'?"),
+    (["train", "--out", "x", "--set", "train.seeed=1"], "did you mean 'train.seed'?"),
+    (["train", "--out", "x", "--set", "trian.seed=1"], "did you mean 'train'?"),
+    (["train", "--out", "x", "--set", "encoder.name=resnet19"], "did you mean 'resnet18'?"),
+    (["train", "--out", "x", "--set", "encoder.name=torchvision:resnet19"], "resnet18"),
+])
+def test_did_you_mean(argv, fragment, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    _one_line_error(capsys, fragment)
+    assert not (tmp_path / "x").exists()  # refused before any work
+
+
+def test_unknown_encoder_is_reported_before_the_data_is_read(capsys, tmp_path):
+    """encoder.name=resnet19 used to surface first as a batch-size error on a small dataset."""
+    assert main(["train", "--data", str(tmp_path / "missing"), "--out", str(tmp_path / "run"), "--set",
+                 "encoder.name=resnet19", "--batch-size", "100000"]) == 2
+    _one_line_error(capsys, "unknown encoder 'resnet19'")
+
+
+def test_run_config_keeps_the_data_path_absolute_and_eval_works_from_elsewhere(tmp_path, monkeypatch, capsys):
+    _photos(tmp_path / "photos")
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--data", "photos", "--epochs", "1", "--batch-size", "6", "--out", "run",
+                 "--device", "cpu", *TINY]) == 0
+    cfg = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert cfg["data"]["source"] == str((tmp_path / "photos").resolve())
+    assert cfg["train"]["device"] == "cpu"
+    out = capsys.readouterr().out
+    summary = [line for line in out.splitlines() if line.startswith("data: ")]
+    assert len(summary) == 1, out
+    assert "18 training images" in summary[0] and "labelled, 2 classes" in summary[0]
+    assert "every 10th image of each class (10 %) is held out" in summary[0] and "16x16 px" in summary[0]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["eval", "--checkpoint", str(tmp_path / "run"), "--no-linear", "--json"]) == 0
+
+
+def test_unlabelled_run_eval_and_diagnose_suggest_split_train(tmp_path, capsys):
+    _photos(tmp_path / "flat", flat=True)
+    assert main(["train", "--data", str(tmp_path / "flat"), "--epochs", "1", "--batch-size", "5", "--out",
+                 str(tmp_path / "run"), *TINY]) == 0
+    assert "unlabelled; nothing held out" in capsys.readouterr().out
+    for command in ("eval", "diagnose"):
+        assert main([command, "--checkpoint", str(tmp_path / "run")]) == 2
+        _one_line_error(capsys, "--split train")
+    assert main(["diagnose", "--checkpoint", str(tmp_path / "run"), "--split", "train", "--limit", "16",
+                 "--graph-size", "8", "--json"]) == 0
+
+
+def test_skip_bad_images_warns_in_one_line_without_source(tmp_path):
+    root = _photos(tmp_path / "photos")
+    (root / "a" / "broken.png").write_bytes(b"not a png")
+    proc = subprocess.run([sys.executable, "-m", "kontrast.cli", "train", "--data", str(root), "--epochs", "1",
+                           "--batch-size", "6", "--out", str(tmp_path / "run"), "--skip-bad-images", *TINY],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if "unreadable" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: skipped 1 unreadable"), proc.stderr
+    assert "UserWarning" not in proc.stderr and ".py:" not in proc.stderr
+
+
+def test_demo_says_when_it_replaces_an_earlier_run(tmp_path, monkeypatch, capsys):
+    import kontrast.demo as demo
+
+    class Stop(Exception):
+        pass
+
+    def fake_fit(*args, **kwargs):
+        raise Stop
+
+    monkeypatch.setattr(demo, "fit", fake_fit)
+    (tmp_path / "config.yaml").write_text("{}")
+    with pytest.raises(Stop):
+        demo.run_demo(tmp_path)
+    assert f"replacing the earlier demo run in {tmp_path}" in capsys.readouterr().out
