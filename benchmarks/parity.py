@@ -68,7 +68,7 @@ NO_EFFECT = {"train": {"log_every", "knn_every", "knn_max_train", "knn_max_test"
              "data": {"source", "skip_bad_images", "cache_dir"}, "eval": {"linear_epochs", "batch_size"}}
 HANDLED = {"train": {"epochs", "batch_size", "seed", "precision", "channels_last", "device", "compile"},
            "data": {"size", "limit"}, "eval": {"knn_k", "knn_temperature"},
-           "encoder": {"name", "stem", "width", "zero_init_residual"}, "augment": {"recipe", "view"}}
+           "encoder": {"name", "stem", "width", "zero_init_residual", "weights"}, "augment": {"recipe", "view"}}
 
 
 def _flag(name: str, value) -> list[str]:
@@ -151,6 +151,8 @@ def peer_settings(cfg, args) -> tuple[list[str], list[str], list[str]]:
     if tc.compile:
         diffs.append("kontrast compiles its encoder and views (train.compile); the peer runs eagerly")
     flags += ["--stem-relu"] if args.peer_stem_relu else []
+    if enc.weights:  # both sides would have to start from the same weights: the peer script cannot load them
+        unknown.append(f"encoder.weights={enc.weights} (the peer starts from a random initialisation)")
     for section, known in HANDLED.items():
         for field in dataclasses.fields(getattr(cfg, section)):
             if field.name not in known | NO_EFFECT.get(section, set()):

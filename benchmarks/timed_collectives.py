@@ -1,7 +1,7 @@
 """The kontrast CLI with the time each process spends in torch.distributed collectives recorded.
 
 Used by benchmarks/distributed.py as the module torchrun starts on each rank. Wraps the collectives the
-training room calls through ``torch.distributed`` (all_gather_into_tensor and all_reduce of the BN
+training room calls through ``torch.distributed`` (all_gather_single and all_reduce of the BN
 statistics, the gradient average, the metrics and the stop signal; broadcast; barrier) and, at exit,
 writes ``{"rank": R, "calls": {name: [count, seconds]}}`` to ``$KONTRAST_COLLECTIVES_OUT.R.json``. The time
 includes waiting for the other ranks to arrive. The embedding gathers (PyTorch's functional
@@ -18,7 +18,7 @@ import time
 
 import torch.distributed as dist
 
-WRAPPED = ("all_gather_into_tensor", "all_reduce", "broadcast", "barrier")
+WRAPPED = ("all_gather_single", "all_reduce", "broadcast", "barrier")
 
 
 def _timed(name: str, calls: dict):

@@ -153,7 +153,7 @@ class _GlobalBatchNormFn(torch.autograd.Function):
         mean_r, var_r = torch.batch_norm_update_stats(x, None, None, 0.0)
         n_r = x.new_full((1,), x.numel() / x.shape[1])
         stats = x.new_empty(dist.get_world_size() * (2 * x.shape[1] + 1))
-        dist.all_gather_into_tensor(stats, torch.cat([mean_r, var_r, n_r]))
+        dist.all_gather_single(stats, torch.cat([mean_r, var_r, n_r]))
         stats = stats.view(dist.get_world_size(), -1)  # [W, 2C + 1]: every rank's mean, variance, count
         means, variances, counts = stats[:, : x.shape[1]], stats[:, x.shape[1]: -1], stats[:, -1:]  # [W, C] [W, C] [W, 1]
         n = counts.sum()
