@@ -32,7 +32,7 @@ def run(method: str, workdir: Path, steps: int, batch: int, precision: str) -> d
     cmd = [sys.executable, "-m", "kontrast.cli", "train", "--method", method, "--data", data,
            "--epochs", "1", "--batch-size", str(batch), "--out", str(out), "--no-progress",
            "--set", "encoder.width=0.25", "--set", "train.num_threads=1", "--set", "train.seed=0",
-           "--set", "train.device=cpu", "--precision", precision]
+           "--set", "train.device=cpu", "--precision", precision, "--set", "train.channels_last=false"]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     ckpt = sorted((out / "checkpoints").glob("step-*"))[-1]
     tensors = load_file(str(ckpt / "model.safetensors"))

@@ -30,7 +30,8 @@ def _train_args(sub) -> None:
     p.add_argument("--out", required=True, help="run directory (checkpoints, metrics, config)")
     p.add_argument("--config", help="YAML recipe (see configs/)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. optim.lr=0.1")
-    p.add_argument("--precision", choices=["fp32", "bf16"], help="fp32, or bf16 autocast (default: fp32)")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16"],
+                   help="bf16 autocast or fp32 (default: auto, bf16 only where the device computes it natively)")
     p.add_argument("--device", help="auto, cpu, cuda, cuda:N or mps (default: auto, a GPU when there is one)")
     p.add_argument("--skip-bad-images", action="store_true", help="skip unreadable images instead of refusing")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")

@@ -105,8 +105,8 @@ class TrainConfig:
     epochs: int = checked(10, ge=1)
     batch_size: int = checked(256, ge=2)  # contrastive losses need at least one other sample
     seed: int = checked(0, ge=0)
-    precision: str = checked("fp32", choices=PRECISIONS)  # bf16 = autocast (kontrast.precision)
-    channels_last: bool = False
+    precision: str = checked("auto", choices=PRECISIONS)  # auto: bf16 where native, else fp32 (kontrast.precision)
+    channels_last: bool | str = checked("auto", choices=(True, False, "auto"))  # auto: on where bf16 is native
     sync_bn: bool = True  # on several processes: BN statistics over the global batch (docs/distributed.md)
     compile: bool = False  # torch.compile the encoder and the view pipeline (docs/performance.md §6; the first step compiles for minutes)
     device: str = checked("auto", pattern=r"auto|cpu|cuda(:\d+)?|mps")

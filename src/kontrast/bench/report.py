@@ -22,6 +22,7 @@ import torch
 from kontrast.bench import runs
 from kontrast.bench.options import BenchOptions, check, command, threads
 from kontrast.errors import UserError
+from kontrast.precision import native_bf16
 
 
 def _median_time(fn, iters: int) -> float:
@@ -182,7 +183,12 @@ def run_bench(opts: BenchOptions) -> dict:
     """Run the chosen sections, printing each figure as it comes; all figures as one dict."""
     check(opts)
     torch.set_num_threads(threads(opts))
+    native, machine = native_bf16(opts.device)
+    opts.log(f"machine: {machine}; native bf16: {'yes' if native else 'no'}; torch {torch.__version__}, "
+             f"{os.cpu_count()} CPUs, {threads(opts)} thread(s)")
     result: dict = {"torch": torch.__version__, "device": opts.device, "cpu_count": os.cpu_count(),
+                    "cpu_capability": torch.backends.cpu.get_cpu_capability(), "machine": machine,
+                    "native_bf16": native,
                     "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
                     "data": opts.data, "threads": threads(opts)}
     data = None

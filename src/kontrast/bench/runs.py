@@ -23,7 +23,7 @@ from pathlib import Path
 from kontrast.errors import UserError
 
 SETTINGS = {  # name -> kontrast train flags
-    "fp32": [],
+    "fp32": ["--precision", "fp32", "--set", "train.channels_last=false"],
     "bf16_cl": ["--precision", "bf16", "--set", "train.channels_last=true"],
     "bf16_cl_compile": ["--precision", "bf16", "--set", "train.channels_last=true", "--set", "train.compile=true"],
 }

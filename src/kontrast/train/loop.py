@@ -30,6 +30,7 @@ from kontrast.data import batch_indices, load_images
 from kontrast.data.sources import absolute_source
 from kontrast.errors import Interrupted, UserError
 from kontrast.methods.base import Progress, Ranks
+from kontrast.precision import choose_precision
 from kontrast.train import distributed
 from kontrast.methods.build import check_inputs, create_method, view_specs
 from kontrast.train.faults import NoFaults
@@ -145,9 +146,16 @@ def absolute_paths(cfg: Config) -> Config:
                    encoder=replace(cfg.encoder, weights=weights))
 
 
+def chosen_numerics(cfg: Config) -> tuple[Config, str]:
+    """``cfg`` with ``auto`` precision and channels_last decided for its device, and the line saying why."""
+    precision, layout, why = choose_precision(cfg.train.precision, cfg.train.channels_last,
+                                              resolve_device(cfg.train.device))
+    return replace(cfg, train=replace(cfg.train, precision=precision, channels_last=layout)), why
+
+
 def _fit(cfg: Config, run_dir: Path, resume: bool, overwrite: bool, progress: bool, faults: NoFaults) -> dict:
     check_run_dir(run_dir, resume=resume, overwrite=overwrite)
-    cfg = absolute_paths(cfg)
+    cfg, numerics = chosen_numerics(absolute_paths(cfg))  # config.yaml keeps what was chosen
     tc = cfg.train
     ctx, schedule, data = _setup(cfg, faults, resume)
     start_step, counters = 0, {"skipped": 0, "consecutive_skips": 0, "collapse": None}
@@ -156,6 +164,8 @@ def _fit(cfg: Config, run_dir: Path, resume: bool, overwrite: bool, progress: bo
         counters.update(saved)
     ranks = ctx.ranks
     lead = ranks.rank == 0  # on several processes rank 0 alone writes, logs and monitors
+    if lead:
+        print(numerics, flush=True)
     if lead:
         prepare_run_dir(run_dir, resume=resume, overwrite=overwrite)  # inputs are valid: now touch the disk
         dump(cfg, run_dir / "config.yaml")
