@@ -83,6 +83,10 @@ _MOCO_V2 = ViewSpec(crop_scale=(0.2, 1.0), blur_p=0.5)
 # BYOL, Grill et al. 2020, https://arxiv.org/abs/2006.07733, table 6: an asymmetric pair.
 _BYOL_1 = ViewSpec(jitter=(0.4, 0.4, 0.2, 0.1), blur_p=1.0, solarize_p=0.0)
 _BYOL_2 = ViewSpec(jitter=(0.4, 0.4, 0.2, 0.1), blur_p=0.1, solarize_p=0.2)
+# The same pair at CIFAR scale, without blur (32-px images, as SimCLR's CIFAR recipe): solo-learn's
+# CIFAR asymmetric.yaml, used by its Barlow Twins recipe; Barlow Twins and VICReg take BYOL's views.
+_BYOL_CIFAR_1 = ViewSpec(jitter=(0.4, 0.4, 0.2, 0.1))
+_BYOL_CIFAR_2 = ViewSpec(jitter=(0.4, 0.4, 0.2, 0.1), solarize_p=0.2)
 
 # AMDIM, Bachman et al. 2019, https://arxiv.org/abs/1906.00910, the authors' CIFAR pipeline: no crop,
 # translation by up to 4 px with reflection (p 0.8), jitter (0.4, 0.4, 0.4, 0.2) p 0.8, grayscale p 0.25.
@@ -133,6 +137,7 @@ RECIPES: dict[str, tuple[ViewSpec, ...]] = {
     "simclr_cifar": (_SIMCLR_CIFAR, _SIMCLR_CIFAR),
     "moco_v2": (_MOCO_V2, _MOCO_V2),
     "byol": (_BYOL_1, _BYOL_2),
+    "byol_cifar": (_BYOL_CIFAR_1, _BYOL_CIFAR_2),
 }
 
 SOLARIZE_THRESHOLD = 0.5  # BYOL: x -> 1 - x for x >= 0.5 (images in [0, 1])

@@ -7,9 +7,11 @@ from kontrast.losses.infonce import (info_nce, mi_bound, moco_loss, nt_xent, two
 from kontrast.losses.local import nce_shared_negatives, score_penalty
 from kontrast.losses.nce import estimate_log_z, nce_loss
 from kontrast.losses.negatives import MemoryBank, Queue
+from kontrast.losses.redundancy import barlow_twins_loss, vicreg_loss
 from kontrast.losses.spectral import spectral_contrastive_loss, spectral_loss_from_scores
 
 __all__ = ["info_nce", "mi_bound", "nce_shared_negatives", "score_penalty",
            "nt_xent", "moco_loss", "negative_cosine", "normalized_mse", "Queue",
            "spectral_contrastive_loss", "spectral_loss_from_scores", "two_view_info_nce", "two_view_targets",
-           "use_blocks", "MemoryBank", "nce_loss", "estimate_log_z", "info_nce_chunked"]
+           "use_blocks", "MemoryBank", "nce_loss", "estimate_log_z", "info_nce_chunked", "barlow_twins_loss",
+           "vicreg_loss"]
