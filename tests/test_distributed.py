@@ -47,6 +47,16 @@ SMALL["instdisc"] = ["optim.lr=0.003"]
 # CLIP (AdamW: a step of about lr whatever the gradient's size, so rounding in tiny gradients moves weights by ~lr):
 # at lr 5e-4 one process at 1 vs 2 threads 5.2e-6, 1 vs 2 ranks 1.6e-5; at 5e-5: 4e-7 and 8.8e-7
 SMALL["clip"] = ["optim.lr=5e-5"]
+# DCL / DCLW at a 20th of their lr (0.003): at 0.06 training amplifies rounding within 3 steps. The gradients agree
+# (first step at lr 100: 1 vs 2 ranks 9e-6 relative, SimCLR 6e-6; at lr 1e-9 the losses of all 3 steps within 5e-7),
+# but after two steps at 0.06 (dcl) or 0.006 (dclw) the third step's update differs by up to 3 % in the first layers:
+# 1 vs 2 ranks 4.8e-5 (dcl) and 1.9e-5 (dclw at 0.006) in weights. At 0.003, seeds 0/1/2: <= 2.4e-7 in weights.
+SMALL["dcl"] = SMALL["dclw"] = ["optim.lr=0.003"]
+# NNCLR with a support queue of 24 (two steps of 12 fill it: step 3 looks up real embeddings) and LARS at a tenth of
+# its lr: at 0.4, seed 0, 1 vs 2 ranks 9.5e-5 in weights (1 vs 2 threads as much), the third step's update 3-5 % apart
+# in the first layers while at lr 1e-6 the same step's gradients agree to 9e-6 (lookups included); at 0.04, seeds
+# 0/1/2: <= 2.2e-6
+SMALL["nnclr"] = ["method.queue_size=24", "method.proj_hidden=64", "method.pred_hidden=64", "optim.lr=0.04"]
 # CPC v2: 4-px patches at stride 2 (a 7 x 7 grid of 16-px images); pools of 2 images, which divide 6 and 12
 SMALL["cpc_v2"] = ["method.patch_size=4", "method.patch_stride=2", "method.negative_pool=2"]
 SMALL["cpc"] = ["method.context_dim=32", "method.steps=3", "method.negative_pool=3"]

@@ -13,6 +13,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from kontrast.similarity import cosine
+
 
 def mlp(dims: Sequence[int], *, norm: bool = True, last_norm: bool = False, bias_last: bool = True) -> nn.Sequential:
     """``Linear -> [BN] -> ReLU`` for each hidden layer, then a final ``Linear [-> BN]``.
@@ -33,6 +35,18 @@ def mlp(dims: Sequence[int], *, norm: bool = True, last_norm: bool = False, bias
     if last_norm:
         layers.append(nn.BatchNorm1d(dims[-1], affine=False))
     return nn.Sequential(*layers)
+
+
+@torch.no_grad()
+def nearest_neighbours(z: torch.Tensor, support: torch.Tensor) -> torch.Tensor:
+    """Each row's nearest neighbour by cosine in a support set: ``z [B, D], support [K, D] -> [B, D]``.
+
+    NNCLR's ``NN(z, Q) = argmin_{q in Q} ||z - q||`` between L2-normalised embeddings (Dwibedi et al. 2021,
+    https://arxiv.org/abs/2104.14548), i.e. the largest cosine; ties go to the lowest row.
+    The support rows come back as stored (no gradient: they replace the positive, they are not learned).
+    """
+    scores = cosine(z.detach(), support)  # [B, K] fp32 even under autocast
+    return support[scores.argmax(dim=1)]  # [B, D]
 
 
 class Prototypes(nn.Module):
