@@ -55,6 +55,22 @@ def test_eval_json(trained_run):
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert 0.0 <= result["knn_top1"] <= 1.0 and 0.0 <= result["linear_top1"] <= 1.0
+    assert 0.0 <= result["kmeans_nmi"] <= 1.0 and -1.0 <= result["kmeans_ari"] <= 1.0
+    assert 0.0 < result["kmeans_acc"] <= 1.0 and "finetune_top1" not in result
+
+
+def test_eval_fine_tunes_on_a_fraction_of_the_labels(trained_run):
+    out, _ = trained_run
+    proc = run_cli("eval", "--checkpoint", str(out), "--no-linear", "--no-clustering", "--labels-fraction", "0.25",
+                   "--finetune-epochs", "2")
+    assert proc.returncode == 0, proc.stderr
+    line = proc.stdout.strip()
+    assert "fine-tuned on 0.25 of the labels (" in line and "2 epochs) top-1 0." in line and "k-means" not in line
+    proc = run_cli("eval", "--checkpoint", str(out), "--no-linear", "--labels-fraction", "0.25", "--finetune-epochs",
+                   "1", "--json")
+    result = json.loads(proc.stdout)
+    assert result["labels_fraction"] == 0.25 and result["finetune_epochs"] == 1 and 0 <= result["finetune_top1"] <= 1
+    assert result["finetune_labelled"] < 256 and "kmeans_acc" in result
 
 
 def test_methods_lists_every_method(capsys):
@@ -119,6 +135,8 @@ def test_empty_folder_and_corrupt_images(tmp_path):
 
 def test_bad_eval_input(tmp_path):
     assert_one_line_error(run_cli("eval", "--checkpoint", str(tmp_path / "nothing")), "not found")
+    assert_one_line_error(run_cli("eval", "--checkpoint", str(tmp_path / "nothing"), "--labels-fraction", "10"),
+                          "--labels-fraction must be in (0, 1]", "got 10.0")
     (tmp_path / "empty_run").mkdir()
     assert_one_line_error(run_cli("eval", "--checkpoint", str(tmp_path / "empty_run")), "no complete checkpoint")
 

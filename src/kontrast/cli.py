@@ -102,13 +102,10 @@ def _run(args, argv: list[str]) -> int:
     if args.command == "eval":
         from kontrast.evaluate.run import evaluate_run
 
-        result = evaluate_run(args.checkpoint, args.data, device=args.device, linear=not args.no_linear)
-        if args.json:
-            print(json.dumps(result))
-        else:
-            print(f"{result['method']} on {result['data']}: kNN top-1 {result['knn_top1']:.4f}"
-                  + (f", linear top-1 {result['linear_top1']:.4f}" if "linear_top1" in result else "")
-                  + (f", zero-shot top-1 {result['zeroshot_top1']:.4f}" if "zeroshot_top1" in result else ""))
+        result = evaluate_run(args.checkpoint, args.data, device=args.device, linear=not args.no_linear,
+                              clustering=not args.no_clustering, labels_fraction=args.labels_fraction,
+                              finetune_epochs=args.finetune_epochs)
+        print(json.dumps(result) if args.json else _eval_line(result))
         return 0
     if args.command in ("embed", "export", "report"):
         return _take_away(args)
@@ -174,6 +171,18 @@ def _take_away(args) -> int:
 def _one_line_warning(message, category, filename, lineno, line=None) -> str:
     """Warnings as ``warning: ...`` on one line, without Python's source line."""
     return f"warning: {message}\n"
+
+
+def _eval_line(result: dict) -> str:
+    """``kontrast eval``'s one line of figures."""
+    parts = [f"kNN top-1 {result['knn_top1']:.4f}"]
+    names = [("linear_top1", "linear top-1"), ("zeroshot_top1", "zero-shot top-1"), ("kmeans_nmi", "k-means NMI"),
+             ("kmeans_ari", "ARI"), ("kmeans_acc", "Hungarian accuracy")]
+    parts += [f"{label} {result[key]:.4f}" for key, label in names if key in result]
+    if "finetune_top1" in result:
+        parts.append(f"fine-tuned on {result['labels_fraction']:g} of the labels ({result['finetune_labelled']} "
+                     f"images, {result['finetune_epochs']} epochs) top-1 {result['finetune_top1']:.4f}")
+    return f"{result['method']} on {result['data']}: " + ", ".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:

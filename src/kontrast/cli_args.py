@@ -42,11 +42,19 @@ def _train_args(sub) -> None:
 
 
 def _eval_args(sub) -> None:
-    p = sub.add_parser("eval", help="kNN and linear-probe top-1 of a run's encoder")
+    p = sub.add_parser("eval", help="kNN, linear-probe and clustering scores of a run's encoder; optionally "
+                       "fine-tuning on a fraction of the labels")
     p.add_argument("--checkpoint", required=True, help="run directory or one checkpoint folder")
     p.add_argument("--data", help="labelled source to evaluate on (default: the run's training source)")
     p.add_argument("--device", default="cpu", help=DEVICE_HELP)
-    p.add_argument("--no-linear", action="store_true", help="kNN only")
+    p.add_argument("--no-linear", action="store_true", help="no linear probe")
+    p.add_argument("--no-clustering", action="store_true", help="no k-means of the test features (NMI, ARI, "
+                   "Hungarian accuracy)")
+    p.add_argument("--labels-fraction", type=float, default=0.0, metavar="F",
+                   help="also fine-tune the encoder with a linear head on this class-balanced fraction of the "
+                   "training labels (e.g. 0.01 or 0.1, SimCLR's protocol) and score it on the test split")
+    p.add_argument("--finetune-epochs", type=int, default=0, metavar="N",
+                   help="epochs of that fine-tuning (default: 60 for 1%% of the labels or fewer, 30 above)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 

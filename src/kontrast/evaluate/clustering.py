@@ -1,13 +1,16 @@
 """Clustering: k-means (k-means++ seeding, restarts), spectral clustering of a weighted graph,
-and the adjusted Rand index.
+and the scores of a clustering against labels (adjusted Rand index, NMI, Hungarian accuracy).
 
 Written in torch because the project has no scikit-learn dependency and these are a few
-dozen lines; tests check the ARI against the pair-counting formula and k-means on separated blobs.
+dozen lines; tests check the scores against their textbook formulas and k-means on separated blobs.
+The one-to-one matching of clusters to classes is scipy's ``linear_sum_assignment``.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+from scipy.optimize import linear_sum_assignment
 
 
 def _plus_plus(x: torch.Tensor, k: int, g: torch.Generator) -> torch.Tensor:
@@ -46,11 +49,10 @@ def kmeans(x: torch.Tensor, k: int, *, seed: int = 0, restarts: int = 8, iters: 
     return best
 
 
-def adjusted_rand_index(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Hubert & Arabie's adjusted Rand index of two labelings [N]: 1 identical up to renaming, ~0 chance.
+def contingency(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``n_ij``: how many samples labelling ``a`` puts in its i-th class and ``b`` in its j-th, [Ka, Kb] float64.
 
-    From the contingency table ``n_ij``: ``(sum C(n_ij,2) - E) / (mean(sum C(a_i,2), sum C(b_j,2)) - E)``
-    with ``E = sum C(a_i,2) sum C(b_j,2) / C(N,2)``. Two identical trivial labelings give 1.
+    Labels are renamed to 0..K-1 in sorted order first; both must be [N] of one length.
     """
     a, b = torch.as_tensor(a).long(), torch.as_tensor(b).long()
     if a.shape != b.shape or a.ndim != 1:
@@ -59,13 +61,62 @@ def adjusted_rand_index(a: torch.Tensor, b: torch.Tensor) -> float:
     _, b = b.unique(return_inverse=True)
     kb = int(b.max()) + 1
     table = torch.bincount(a * kb + b, minlength=(int(a.max()) + 1) * kb).double()  # [Ka*Kb]
-    table = table.view(-1, kb)  # [Ka, Kb] contingency
+    return table.view(-1, kb)  # [Ka, Kb]
+
+
+def normalized_mutual_info(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``I(a; b) / ((H(a) + H(b)) / 2)`` of two labelings [N], in [0, 1] (Strehl & Ghosh 2002, arithmetic mean).
+
+    1 when one labeling is the other renamed; two trivial (one-cluster) labelings give 1.
+    """
+    p = contingency(a, b) / len(torch.as_tensor(a))  # [Ka, Kb] joint
+    pa, pb = p.sum(1), p.sum(0)  # [Ka], [Kb] marginals
+    nz = p > 0
+    mi = float((p[nz] * (p[nz] / (pa[:, None] * pb[None, :])[nz]).log()).sum())
+    ha, hb = float(-(pa * pa.log()).sum()), float(-(pb * pb.log()).sum())
+    if ha + hb == 0:
+        return 1.0
+    return max(mi, 0.0) / ((ha + hb) / 2)
+
+
+def hungarian_accuracy(clusters: torch.Tensor, labels: torch.Tensor) -> float:
+    """Accuracy of the clusters after the best one-to-one matching of clusters to classes [N] -> [0, 1].
+
+    The matching maximises the samples on the diagonal of the contingency table (Kuhn's Hungarian
+    method, scipy's ``linear_sum_assignment``); with more clusters than classes the extra ones score 0.
+    """
+    table = contingency(clusters, labels)  # [Kc, Ky]
+    rows, cols = linear_sum_assignment(table.numpy(), maximize=True)
+    return float(table[rows, cols].sum()) / len(torch.as_tensor(labels))
+
+
+def cluster_scores(features: torch.Tensor, labels: torch.Tensor, *, seed: int = 0) -> dict[str, float]:
+    """k-means with as many clusters as classes on L2-normalised features [N, D], scored against labels [N].
+
+    Normalised because the methods train cosine geometry (the kNN monitor reads cosine too). Returns
+    ``{"kmeans_nmi", "kmeans_ari", "kmeans_acc"}`` (accuracy after Hungarian matching).
+    """
+    k = int(torch.as_tensor(labels).unique().numel())
+    clusters = kmeans(F.normalize(features.double(), dim=1), k, seed=seed)  # [N]
+    return {"kmeans_nmi": normalized_mutual_info(clusters, labels),
+            "kmeans_ari": adjusted_rand_index(clusters, labels),
+            "kmeans_acc": hungarian_accuracy(clusters, labels)}
+
+
+def adjusted_rand_index(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Hubert & Arabie's adjusted Rand index of two labelings [N]: 1 identical up to renaming, ~0 chance.
+
+    From the contingency table ``n_ij``: ``(sum C(n_ij,2) - E) / (mean(sum C(a_i,2), sum C(b_j,2)) - E)``
+    with ``E = sum C(a_i,2) sum C(b_j,2) / C(N,2)``. Two identical trivial labelings give 1.
+    """
+    table = contingency(a, b)  # [Ka, Kb]
+    n = len(torch.as_tensor(a))
 
     def pairs(t: torch.Tensor) -> float:
         return float((t * (t - 1) / 2).sum())
 
     both, rows, cols = pairs(table), pairs(table.sum(1)), pairs(table.sum(0))
-    expected = rows * cols / (len(a) * (len(a) - 1) / 2)
+    expected = rows * cols / (n * (n - 1) / 2)
     top = (rows + cols) / 2
     if top == expected:  # both labelings trivial (one cluster, or all singletons)
         return 1.0

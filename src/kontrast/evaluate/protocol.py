@@ -12,6 +12,7 @@ import torch.nn as nn
 from kontrast.config import EvalConfig
 from kontrast.data import Samples
 from kontrast.errors import UserError
+from kontrast.evaluate.clustering import cluster_scores
 from kontrast.evaluate.features import extract_features, raw_pixel_features
 from kontrast.evaluate.knn import knn_top1
 from kontrast.evaluate.linear import linear_probe
@@ -24,18 +25,21 @@ def _check_labels(train: Samples, test: Samples) -> None:
 
 def score_features(
     train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor, test_y: torch.Tensor,
-    cfg: EvalConfig, *, linear: bool = True,
+    cfg: EvalConfig, *, linear: bool = True, clustering: bool = False,
 ) -> dict[str, float]:
-    """kNN top-1 (and linear-probe top-1) of precomputed features."""
+    """kNN top-1 (and linear-probe top-1, and k-means of the test features against their labels)."""
     out = {"knn_top1": knn_top1(train_x, train_y, test_x, test_y, k=cfg.knn_k, temperature=cfg.knn_temperature)}
     if linear:
         out["linear_top1"] = linear_probe(train_x, train_y, test_x, test_y, epochs=cfg.linear_epochs)["top1"]
+    if clustering:
+        out.update(cluster_scores(test_x, test_y))
     return out
 
 
 def evaluate_encoder(
     encoder: nn.Module, train: Samples, test: Samples, cfg: EvalConfig, *,
     mean, std, device: str = "cpu", precision: str = "fp32", linear: bool = True, max_train: int = 0,
+    clustering: bool = False,
 ) -> dict[str, float]:
     """Extract features of both splits with ``encoder`` and score them."""
     _check_labels(train, test)
@@ -44,7 +48,7 @@ def evaluate_encoder(
     kw = dict(mean=mean, std=std, batch_size=cfg.batch_size, device=device, precision=precision)
     train_x = extract_features(encoder, images, **kw)
     test_x = extract_features(encoder, test.x, **kw)
-    return score_features(train_x, labels, test_x, test.labels, cfg, linear=linear)
+    return score_features(train_x, labels, test_x, test.labels, cfg, linear=linear, clustering=clustering)
 
 
 def evaluate_raw_pixels(train: Samples, test: Samples, cfg: EvalConfig, *, linear: bool = True) -> dict[str, float]:

@@ -9,6 +9,7 @@ from kontrast.checkpoint import STATE_FILE, latest_checkpoint, load_weights
 from kontrast.config import Config, load_yaml
 from kontrast.data import load_images
 from kontrast.errors import UserError
+from kontrast.evaluate.finetune import finetune_top1
 from kontrast.evaluate.protocol import evaluate_encoder
 from kontrast.evaluate.zeroshot import supports_zeroshot, zeroshot_top1
 from kontrast.methods.base import Method
@@ -42,8 +43,14 @@ def _num_samples(ckpt: Path) -> int:
         return 0  # load_weights reports a damaged checkpoint more precisely
 
 
-def evaluate_run(path: str | Path, data: str | None = None, *, device: str = "cpu", linear: bool = True) -> dict:
-    """kNN and linear-probe top-1 of a run's encoder on ``data`` (default: its training source)."""
+def evaluate_run(path: str | Path, data: str | None = None, *, device: str = "cpu", linear: bool = True,
+                 clustering: bool = True, labels_fraction: float = 0.0, finetune_epochs: int = 0) -> dict:
+    """kNN and linear-probe top-1 of a run's encoder on ``data`` (default: its training source), k-means
+    clustering of its test features (NMI, ARI, Hungarian accuracy), and with ``labels_fraction`` the test
+    top-1 after fine-tuning on that class-balanced fraction of the training labels (evaluate/finetune.py)."""
+    if labels_fraction and not 0 < labels_fraction <= 1 or finetune_epochs < 0:
+        raise UserError(f"--labels-fraction must be in (0, 1] (e.g. 0.01 or 0.1) and --finetune-epochs >= 0; got "
+                        f"{labels_fraction} and {finetune_epochs}")
     cfg, method, ckpt = load_run(path)
     source = data or cfg.data.source
     kw = dict(size=cfg.data.size, cache_dir=cfg.data.cache_dir, skip_bad_images=cfg.data.skip_bad_images)
@@ -53,7 +60,12 @@ def evaluate_run(path: str | Path, data: str | None = None, *, device: str = "cp
     spec = specs[0] if specs else None
     mean, std = (spec.mean, spec.std) if spec else (None, None)
     result = evaluate_encoder(method.encoder.to(device), train, test, cfg.eval, mean=mean, std=std,
-                              device=device, precision=cfg.train.precision, linear=linear)
+                              device=device, precision=cfg.train.precision, linear=linear,
+                              clustering=clustering)
+    if labels_fraction:
+        result.update(finetune_top1(method.encoder, train, test, labels_fraction, mean=mean, std=std,
+                                    epochs=finetune_epochs, seed=cfg.train.seed, device=device,
+                                    precision=cfg.train.precision))
     if supports_zeroshot(method) and test.classes:  # image-text models classify from class-name prompts
         result["zeroshot_top1"] = zeroshot_top1(method.to(device), test, mean=spec.mean, std=spec.std,
                                                 device=device, precision=cfg.train.precision)

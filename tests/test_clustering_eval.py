@@ -1,0 +1,93 @@
+"""kontrast eval's clustering scores (NMI, ARI, Hungarian accuracy) and fine-tuning on a fraction of the labels."""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from kontrast.data import Samples, make_shapes
+from kontrast.encoders import create_encoder
+from kontrast.errors import UserError
+from kontrast.evaluate.clustering import (adjusted_rand_index, cluster_scores, hungarian_accuracy,
+                                          normalized_mutual_info)
+from kontrast.evaluate.finetune import class_balanced_indices, default_epochs, finetune_top1
+
+
+def naive_nmi(a: list[int], b: list[int]) -> float:
+    """Strehl & Ghosh's NMI, arithmetic-mean normalisation, from the sums over samples."""
+    n = len(a)
+    pa = {x: a.count(x) / n for x in set(a)}
+    pb = {y: b.count(y) / n for y in set(b)}
+    pab = {(x, y): sum(1 for i in range(n) if a[i] == x and b[i] == y) / n for x in pa for y in pb}
+    mi = sum(p * math.log(p / (pa[x] * pb[y])) for (x, y), p in pab.items() if p > 0)
+    h = lambda q: -sum(p * math.log(p) for p in q.values())  # noqa: E731
+    return mi / ((h(pa) + h(pb)) / 2)
+
+
+def brute_force_accuracy(clusters: list[int], labels: list[int]) -> float:
+    """The best accuracy over every one-to-one renaming of the clusters to classes."""
+    ks, cs = sorted(set(clusters)), sorted(set(labels))
+    best = 0
+    for perm in itertools.permutations(cs, len(ks)) if len(ks) <= len(cs) else []:
+        rename = dict(zip(ks, perm))
+        best = max(best, sum(rename[c] == y for c, y in zip(clusters, labels)))
+    return best / len(labels)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_nmi_and_hungarian_accuracy_match_their_definitions(seed):
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, 4, (60,), generator=g)
+    clusters = torch.where(torch.rand(60, generator=g) < 0.6, (labels + 1) % 4, torch.randint(0, 4, (60,), generator=g))
+    assert normalized_mutual_info(clusters, labels) == pytest.approx(naive_nmi(clusters.tolist(), labels.tolist()),
+                                                                     abs=1e-12)
+    assert hungarian_accuracy(clusters, labels) == pytest.approx(brute_force_accuracy(clusters.tolist(),
+                                                                                      labels.tolist()))
+    assert hungarian_accuracy(clusters, labels) >= 0.6 * 0.9  # the renamed labels are found
+
+
+def test_scores_of_a_renamed_labelling_and_of_an_uninformative_one():
+    labels = torch.arange(400) % 5
+    renamed = (labels * 3 + 1) % 5
+    assert normalized_mutual_info(renamed, labels) == pytest.approx(1.0)
+    assert hungarian_accuracy(renamed, labels) == 1.0 and adjusted_rand_index(renamed, labels) == pytest.approx(1.0)
+    one = torch.zeros(400, dtype=torch.long)  # one cluster: no information, a fifth right after matching
+    assert normalized_mutual_info(one, labels) == 0.0 and hungarian_accuracy(one, labels) == pytest.approx(0.2)
+
+
+def test_cluster_scores_find_separated_blobs():
+    g = torch.Generator().manual_seed(0)
+    centres = torch.randn(6, 32, generator=g) * 5
+    labels = torch.arange(300) % 6
+    features = centres[labels] + 0.3 * torch.randn(300, 32, generator=g)
+    scores = cluster_scores(features, labels)
+    assert scores == {"kmeans_nmi": pytest.approx(1.0), "kmeans_ari": pytest.approx(1.0), "kmeans_acc": 1.0}
+    shuffled = cluster_scores(features, labels[torch.randperm(300, generator=g)])
+    assert shuffled["kmeans_nmi"] < 0.1 and abs(shuffled["kmeans_ari"]) < 0.05 and shuffled["kmeans_acc"] < 0.35
+
+
+def test_class_balanced_fraction():
+    labels = torch.cat([torch.full((100,), 0), torch.full((300,), 1), torch.full((7,), 2)])
+    rows = class_balanced_indices(labels, 0.1, seed=3)
+    assert torch.bincount(labels[rows]).tolist() == [10, 30, 1]  # a class too small for 10 % keeps one image
+    assert rows.unique().numel() == len(rows) and torch.equal(rows, class_balanced_indices(labels, 0.1, seed=3))
+    with pytest.raises(UserError, match="labels-fraction must be in"):
+        class_balanced_indices(labels, 0.0)
+    assert default_epochs(0.01) == 60 and default_epochs(0.1) == 30  # SimCLR appendix B.5
+
+
+def test_fine_tuning_learns_the_labelled_fraction_and_leaves_the_encoder_alone():
+    x, y = make_shapes(600, seed=0, size=16)
+    tx, ty = make_shapes(300, seed=1, size=16)
+    train, test = Samples(x, y, ["c"] * int(y.max() + 1), "shapes"), Samples(tx, ty, ["c"] * int(y.max() + 1), "t")
+    torch.manual_seed(0)
+    encoder = create_encoder("resnet18", width=0.125)
+    before = [p.detach().clone() for p in encoder.parameters()]
+    kw = dict(mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), batch_size=64, seed=0)
+    untrained = finetune_top1(encoder, train, test, 0.5, epochs=1, lr=0.0, **kw)  # lr 0: the random head
+    tuned = finetune_top1(encoder, train, test, 0.5, epochs=15, lr=0.2, **kw)  # seeds 0/1/2: 0.50/0.37/0.52
+    chance = 1 / (int(y.max()) + 1)
+    assert tuned["finetune_labelled"] == 300 and tuned["finetune_epochs"] == 15
+    assert tuned["finetune_top1"] > max(3 * chance, untrained["finetune_top1"] + 0.1), (untrained, tuned)
+    assert all(torch.equal(a, b) for a, b in zip(before, encoder.parameters()))
