@@ -66,9 +66,11 @@ NO_EFFECT = {"train": {"log_every", "knn_every", "knn_max_train", "knn_max_test"
                        "max_skips", "collapse_std", "collapse_window", "num_threads",
                        "sync_bn"},  # sync_bn: several processes only; parity runs one
              "data": {"source", "skip_bad_images", "cache_dir"}, "eval": {"linear_epochs", "batch_size"}}
+OFF_BY_DEFAULT = ("depth", "patch_size", "freeze_patch_embed")  # ViT / amdim options: the peer's ResNet has none
 HANDLED = {"train": {"epochs", "batch_size", "seed", "precision", "channels_last", "device", "compile"},
            "data": {"size", "limit"}, "eval": {"knn_k", "knn_temperature"},
-           "encoder": {"name", "stem", "width", "zero_init_residual", "weights"}, "augment": {"recipe", "view"}}
+           "encoder": {"name", "stem", "width", "zero_init_residual", "weights", *OFF_BY_DEFAULT},
+           "augment": {"recipe", "view"}}
 
 
 def _flag(name: str, value) -> list[str]:
@@ -156,6 +158,7 @@ def peer_settings(cfg, args) -> tuple[list[str], list[str], list[str]]:
     flags += ["--stem-relu"] if args.peer_stem_relu else []
     if enc.weights:  # both sides would have to start from the same weights: the peer script cannot load them
         unknown.append(f"encoder.weights={enc.weights} (the peer starts from a random initialisation)")
+    unknown += [f"encoder.{k}={getattr(enc, k)}" for k in OFF_BY_DEFAULT if getattr(enc, k) not in (None, False)]
     for section, known in HANDLED.items():
         for field in dataclasses.fields(getattr(cfg, section)):
             if field.name not in known | NO_EFFECT.get(section, set()):

@@ -1,15 +1,14 @@
 """Run configuration: frozen dataclasses, strict loading, ``key=value`` overrides.
 
-This module is the schema: the sections, strict parsing of each (:func:`parse_section`), YAML and
-``--set`` input, and the dump saved beside each run. Resolution, the one function that turns a user's
-nested dict into a :class:`Config` (the method's own defaults under the user's values, the method's
-typed ``Params``, checks that span sections), is :func:`kontrast.methods.build.resolve`, used by the
-CLI and the Python API alike. Order (later wins): dataclass defaults -> the method's own defaults
-(``Method.defaults``) -> ``--config FILE`` -> CLI flags -> ``--set key=value``.
-Every unknown key is an error, every value is checked against its type and, where a field
-is declared with :func:`checked`, its range or choices, so a bad value fails before any work
-with one line naming the key. Method ``Params`` use the same mechanism; a ``validate(self, cfg)``
-method on Params adds checks that span sections (e.g. MoCo's queue against the batch size).
+This module is the schema: the sections, strict parsing of each (:func:`parse_section`), YAML and ``--set``
+input, and the dump saved beside each run. Resolution, the one function that turns a user's nested dict into a
+:class:`Config` (the method's own defaults under the user's values, the method's typed ``Params``, checks that
+span sections), is :func:`kontrast.methods.build.resolve`, used by the CLI and the Python API alike. Order
+(later wins): dataclass defaults -> the method's own defaults (``Method.defaults``) -> ``--config FILE`` ->
+CLI flags -> ``--set key=value``. Every unknown key is an error, every value is checked against its type and,
+where a field is declared with :func:`checked`, its range or choices, so a bad value fails before any work
+with one line naming the key. Method ``Params`` use the same mechanism; a ``validate(self, cfg)`` method on
+Params adds checks that span sections (e.g. MoCo's queue against the batch size).
 """
 
 from __future__ import annotations
@@ -79,10 +78,13 @@ class AugmentConfig:
 
 @dataclass(frozen=True)
 class EncoderConfig:
-    name: str = "resnet18"  # resnet18|34|50 or torchvision:<model>
+    name: str = "resnet18"  # resnet18|34|50, amdim, vit_tiny|vit_small or torchvision:<model>
     stem: str | None = checked(None, choices=("cifar", "imagenet"))  # cifar (3x3, no max-pool; resnet default)
-    width: float = checked(1.0, gt=0)  # channel multiplier
+    width: float = checked(1.0, gt=0)  # channel multiplier (vit_*: head dim 64 x width, a multiple of 8)
     zero_init_residual: bool = False  # each residual block starts as the identity (last BN gamma = 0; kontrast ResNets)
+    depth: int | None = checked(None, ge=1)  # vit_*: blocks (None: 12); amdim: blocks per stage (None: 3)
+    patch_size: int | None = checked(None, ge=1)  # vit_* only (None: 4 up to 64 px, 8 up to 128, else 16)
+    freeze_patch_embed: bool = False  # vit_* only: MoCo v3's frozen random patch projection
     weights: str | None = None  # start from a local state_dict: torchvision / timm file or a `kontrast export` folder
 
 

@@ -5,6 +5,7 @@ Every encoder returns globally average-pooled, flattened features and holds no h
 so heads can be built without a dummy forward.
 
     create_encoder("resnet18", stem="cifar", width=0.25)   # kontrast's own ResNet
+    create_encoder("vit_tiny", image_size=32)               # kontrast's ViT (patch 4 at 32 px)
     create_encoder("torchvision:mobilenet_v3_small")        # any torchvision classifier, headless
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from kontrast.encoders import amdim, resnet, sequence  # noqa: F401  (register resnet18/34/50, amdim, conv1d, cpc_audio)
+from kontrast.encoders import amdim, resnet, sequence, vit  # noqa: F401  (register resnet18/34/50, amdim, conv1d, cpc_audio, vit_tiny/small)
 from kontrast.errors import UserError, did_you_mean
 from kontrast.registry import ENCODERS
 
@@ -23,13 +24,14 @@ def create_encoder(name: str, *, stem: str | None = None, width: float = 1.0, **
     """Build an encoder by name.
 
     Args:
-        name: a registered name (``ENCODERS.names()``: resnet18, resnet34, resnet50) or
+        name: a registered name (``ENCODERS.names()``: resnet18/34/50, amdim, vit_tiny, vit_small, ...) or
             ``"torchvision:<model>"`` for any torchvision classification model (random init).
         stem: for kontrast ResNets, ``"cifar"`` (default when None) or ``"imagenet"``.
             torchvision models keep their own stem: only None or ``"imagenet"`` is accepted.
-        width: channel multiplier for kontrast ResNets; must be 1 for torchvision models.
-        **kw: extra constructor arguments (``zero_init_residual=True``; for torchvision
-            models e.g. ``image_size=32`` for a ViT).
+        width: channel multiplier for kontrast ResNets (a ViT's head dimension: ``kontrast.encoders.vit``);
+            must be 1 for torchvision models.
+        **kw: extra constructor arguments (``zero_init_residual=True``; for ``vit_*`` ``image_size``,
+            ``patch_size``, ``depth``, ``freeze_patch_embed``; for torchvision models e.g. ``image_size=32``).
     """
     if name.startswith(TORCHVISION_PREFIX):
         return create_torchvision(name[len(TORCHVISION_PREFIX):], stem=stem, width=width, **kw)

@@ -48,7 +48,8 @@ class AMDIM(Method):
 
     def __init__(self, encoder, params: AMDIMParams, num_samples: int = 0):
         if len(getattr(encoder, "map_dims", ())) < 3:
-            raise UserError("amdim needs an encoder with forward_maps at >= 3 scales (amdim, resnet18/34/50)")
+            raise UserError("amdim needs an encoder with feature maps at >= 3 scales; set encoder.name to amdim or "
+                            "resnet18/34/50 (a ViT has one map, its patch tokens)")
         super().__init__(encoder, params, num_samples)
         self.heads = nn.ModuleList(LocalProjection(d, params.n_rkhs) for d in encoder.map_dims[-3:])  # 7, 5, 1
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from kontrast.augment import recipe_views
 from kontrast.config import Config, build_config, merge
 from kontrast.encoders import check_encoder_name, create_encoder
+from kontrast.encoders.vit import VIT_SIZES
 from kontrast.encoders.weights import load_weights_into
 from kontrast.errors import UserError
 from kontrast.methods.base import Method
@@ -25,11 +26,23 @@ def resolve(raw: dict | None = None) -> Config:
     """
     raw = dict(raw or {})
     cls = METHODS.get((raw.get("method") or {}).get("name", "simclr"))
-    cfg = build_config(merge(dict(cls.defaults), raw), params=cls.Params)
+    cfg = build_config(merge(method_defaults(cls, raw), raw), params=cls.Params)
     check_encoder_name(cfg.encoder.name)  # a mistyped name is the first thing said, before any data is read
     if hasattr(cfg.method.params, "validate"):  # checks spanning sections, e.g. MoCo's queue vs the batch size
         cfg.method.params.validate(cfg)
     return cfg
+
+
+def method_defaults(cls: type[Method], raw: dict) -> dict:
+    """``cls.defaults``, less ``encoder.zero_init_residual`` where the encoder is a ViT and the user left the key
+    unset: that default is the authors' ResNet's, and a ViT whose blocks all start as the identity gives every
+    image the same class token (no gradient through the heads' BatchNorm: nothing trains)."""
+    defaults = dict(cls.defaults)
+    user = raw.get("encoder") or {}
+    name = user.get("name", (defaults.get("encoder") or {}).get("name", "resnet18"))
+    if name in VIT_SIZES and "zero_init_residual" not in user and "zero_init_residual" in defaults.get("encoder", {}):
+        defaults["encoder"] = {k: v for k, v in defaults["encoder"].items() if k != "zero_init_residual"}
+    return defaults
 
 
 def create_method(cfg: Config, num_samples: int = 0, *, pretrained: bool = True) -> Method:
@@ -44,17 +57,32 @@ def create_method(cfg: Config, num_samples: int = 0, *, pretrained: bool = True)
     if not isinstance(cfg.method.params, cls.Params):
         raise UserError(f"the config's method parameters are not {cfg.method.name}'s; build the config with "
                         "kontrast.methods.build.resolve")
-    extra = {"zero_init_residual": True} if cfg.encoder.zero_init_residual else {}
-    try:
-        encoder = create_encoder(cfg.encoder.name, stem=cfg.encoder.stem, width=cfg.encoder.width, **extra)
-    except TypeError as err:  # an encoder without residual blocks to start as the identity
-        if not extra or "zero_init_residual" not in str(err):
-            raise
-        raise UserError(f"encoder {cfg.encoder.name!r} has no zero_init_residual option; "
-                        "set encoder.zero_init_residual=false") from err
+    encoder = build_encoder(cfg)
     if pretrained and cfg.encoder.weights:
         load_weights_into(encoder, cfg.encoder.weights)  # before the method: its EMA target copies these
     return cls(encoder, cfg.method.params, num_samples)
+
+
+# encoder options only some encoders take, and what to do when another is configured with one
+ENCODER_OPTIONS = {"zero_init_residual": "set encoder.zero_init_residual=false",
+                   "depth": "remove encoder.depth (it applies to vit_tiny, vit_small and amdim)",
+                   "patch_size": "remove encoder.patch_size (it applies to vit_tiny and vit_small)",
+                   "freeze_patch_embed": "set encoder.freeze_patch_embed=false (it applies to vit_tiny and vit_small)"}
+
+
+def build_encoder(cfg: Config):
+    """The configured encoder: the options set in ``cfg.encoder`` passed on, a ViT built for ``data.size``."""
+    enc = cfg.encoder
+    extra = {key: getattr(enc, key) for key in ENCODER_OPTIONS if getattr(enc, key) not in (None, False)}
+    if enc.name in VIT_SIZES:  # patch size and position table follow the training resolution
+        extra["image_size"] = cfg.data.size
+    try:
+        return create_encoder(enc.name, stem=enc.stem, width=enc.width, **extra)
+    except TypeError as err:  # an option this encoder lacks (no residual blocks to zero, no patches)
+        key = next((k for k in extra if f"'{k}'" in str(err)), None)
+        if key is None:
+            raise
+        raise UserError(f"encoder {enc.name!r} has no {key} option; {ENCODER_OPTIONS[key]}") from err
 
 
 def check_inputs(method: Method, data) -> None:

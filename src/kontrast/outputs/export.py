@@ -12,6 +12,8 @@ The JSON says how to build the model it loads into (constructor, the CIFAR stem 
     encoder = load_backbone("exports/simclr")                   # eval mode; .mean, .std, .input_size
     features = encoder((images / 255 - mean) / std)             # [B, feature_dim]
 
+kontrast's ViTs (``vit_tiny``, ``vit_small``) carry torchvision's ``VisionTransformer`` names: the file loads into
+``VisionTransformer(image_size, patch_size, ...)`` with ``heads = nn.Identity()``, as the JSON spells out.
 Encoders without a torchvision twin (amdim, sequence encoders, ResNets at width != 1) are exported in
 kontrast's own names (``"format": "kontrast"``) and load with :func:`load_backbone`.
 """
@@ -31,6 +33,7 @@ from kontrast.checkpoint import read_state
 from kontrast.encoders import TORCHVISION_PREFIX, create_encoder
 from kontrast.encoders.patches import PatchGridEncoder
 from kontrast.encoders.resnet import ResNet
+from kontrast.encoders.vit import VisionTransformer
 from kontrast.encoders.weights import BACKBONE_FILE, load_weights_into
 from kontrast.errors import UserError
 from kontrast.evaluate.run import load_run
@@ -110,6 +113,8 @@ def backbone_info(encoder: nn.Module, name: str, *, stem: str | None, width: flo
         if width != 1:
             note = (f"width {width}: torchvision's key names but other channel counts; plain torchvision and "
                     "timm cannot hold it, use load_backbone")
+    elif isinstance(encoder, VisionTransformer):
+        stem, recipe = None, _vit_recipe(encoder)
     elif name.startswith(TORCHVISION_PREFIX):
         arch, stem = name[len(TORCHVISION_PREFIX):], "imagenet"
         recipe = _torchvision_recipe(encoder, arch)
@@ -117,7 +122,24 @@ def backbone_info(encoder: nn.Module, name: str, *, stem: str | None, width: flo
             "loads_in_torchvision": recipe is not None, "architecture": arch, "encoder": name, "stem": stem,
             "width": float(width), "feature_dim": int(encoder.dim), "torchvision": recipe, "timm_name": timm_name,
             "load": "kontrast.outputs.export.load_backbone(folder)"}
+    if isinstance(encoder, VisionTransformer):  # what create_encoder needs besides name and width
+        info["encoder_options"] = {"image_size": encoder.image_size, "patch_size": encoder.patch_size,
+                                   "depth": encoder.depth}
+        note = ("the position embedding is kontrast's fixed 2-D sin-cos table, stored as torchvision's (learned) "
+                "encoder.pos_embedding; torchvision accepts only image_size inputs, kontrast any multiple of the patch")
     return {**info, "note": note} if note else info
+
+
+def _vit_recipe(encoder: VisionTransformer) -> dict:
+    """kontrast's ViT has torchvision's ``VisionTransformer`` names: the file loads there strictly, heads removed."""
+    args = {"image_size": encoder.image_size, "patch_size": encoder.patch_size, "num_layers": encoder.depth,
+            "num_heads": encoder.heads, "hidden_dim": encoder.dim, "mlp_dim": 4 * encoder.dim}
+    constructor = "torchvision.models.vision_transformer.VisionTransformer"
+    call = ", ".join(f"{k}={v}" for k, v in args.items())
+    lines = [f"model = {constructor}({call})", "model.heads = nn.Identity()",
+             f"model.load_state_dict(safetensors.torch.load_file('{BACKBONE_FILE}'), strict=True)"]
+    return {"constructor": constructor, "args": args, "replace": {"heads": "nn.Identity()"}, "strict": True,
+            "example": lines}
 
 
 def _resnet_recipe(arch: str, stem: str) -> dict:
@@ -220,7 +242,8 @@ def load_backbone(path: str | Path) -> nn.Module:
     JSON), ``.mean`` / ``.std`` (the run's normalisation; None for sequences) and ``.input_size``.
     """
     folder, info = read_info(path)
-    encoder = create_encoder(info["encoder"], stem=info.get("stem"), width=info.get("width", 1.0))
+    encoder = create_encoder(info["encoder"], stem=info.get("stem"), width=info.get("width", 1.0),
+                             **info.get("encoder_options", {}))
     load_weights_into(encoder, folder / BACKBONE_FILE)
     encoder.info = info
     encoder.mean, encoder.std, encoder.input_size = info.get("mean"), info.get("std"), info.get("input_size")
