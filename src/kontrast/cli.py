@@ -117,6 +117,8 @@ def _run(args, argv: list[str]) -> int:
         print(f"wrote {info['out']}: {splits} pairs, {info['classes']} classes; captions are class names in "
               f"{info['templates']} templates (the text is the label)")
         return 0
+    if args.command in ("make-shapes", "shards"):
+        return _write_files(args)
     if args.command == "theory":
         from kontrast.theory import run_experiment
 
@@ -165,6 +167,27 @@ def _take_away(args) -> int:
     from kontrast.report import write_report
 
     print(f"wrote {write_report(args.run, args.out, device=args.device, limit=args.limit)}")
+    return 0
+
+
+def _write_files(args) -> int:
+    """``kontrast make-shapes`` and ``kontrast shards``: data written to files, one line saying what."""
+    if args.command == "make-shapes":
+        from kontrast.data.shapes_files import write_shapes_files
+
+        info = write_shapes_files(args.out, args.n, size=args.size, seed=args.seed, shards=args.shards,
+                                  per_shard=args.per_shard)
+        form = f"{info['shards']} tar shards + index.json" if args.shards else "JPEG files (train/ and test/)"
+        print(f"wrote {info['train']} train + {info['test']} test shape images at {info['size']} px to "
+              f"{info['out']} as {form}")
+        return 0
+    from kontrast.data.shard_writer import write_folder_shards
+
+    index = write_folder_shards(args.data, args.out, per_shard=args.per_shard, skip_bad_images=args.skip_bad_images)
+    splits = ", ".join(f"{name} {count}" for name, count in index["splits"].items())
+    labels = f"{len(index['classes'])} classes" if index["classes"] else "unlabelled"
+    print(f"wrote {len(index['shards'])} shards to {args.out} ({splits} images; {labels}; {index['layout']} "
+          f"layout) with index.json (sha256 and member offsets per shard)")
     return 0
 
 

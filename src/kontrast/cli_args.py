@@ -81,6 +81,24 @@ def _outputs_args(sub) -> None:
     p.add_argument("--device", default="cpu", help=DEVICE_HELP)
 
 
+def _files_args(sub) -> None:
+    p = sub.add_parser("make-shapes", help="write the built-in shapes at any resolution as a JPEG ImageFolder tree "
+                       "or tar shards (test and benchmark data)")
+    p.add_argument("--out", required=True, help="new or empty folder for train/<class>/*.jpg and test/... "
+                   "(or the shards)")
+    p.add_argument("--n", type=int, default=1000, help="training images; n // 5 more for test (default: %(default)s)")
+    p.add_argument("--size", type=int, default=256, help="pixels per side (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="the same seed writes the same files (default: %(default)s)")
+    p.add_argument("--shards", action="store_true", help="write WebDataset-style tar shards + index.json instead")
+    p.add_argument("--per-shard", type=int, default=1000, help="samples per shard (default: %(default)s)")
+    p = sub.add_parser("shards", help="write an image folder as WebDataset-style tar shards with an index.json of "
+                       "member offsets and sha256 per shard")
+    p.add_argument("--data", required=True, help="ImageFolder directory (train/ + test/, class folders, or flat)")
+    p.add_argument("--out", required=True, help="new or empty folder for {split}-NNNNNN.tar and index.json")
+    p.add_argument("--per-shard", type=int, default=1000, help="samples per shard (default: %(default)s)")
+    p.add_argument("--skip-bad-images", action="store_true", help="leave out unreadable images instead of refusing")
+
+
 def _theory_args(sub) -> None:
     p = sub.add_parser("theory", help="check contrastive-learning theory on worlds where the truth is known")
     which = p.add_subparsers(dest="experiment", required=True, parser_class=Parser)
@@ -162,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--data", required=True, help="ImageFolder directory (class sub-folders)")
     c.add_argument("--out", required=True, help="output .jsonl (image paths relative to its folder)")
     c.add_argument("--seed", type=int, default=0, help="template choice per image")
+    _files_args(sub)
     _theory_args(sub)
     _diagnose_args(sub)
     _bench_args(sub)

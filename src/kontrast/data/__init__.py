@@ -1,5 +1,8 @@
 """Data room: sources (built-in shapes and sequences, ImageFolder trees, tar archives, CIFAR
-pickles, paired image-caption files), a content-keyed on-disk cache, and deterministic batch order.
+pickles, paired image-caption files), a content-keyed on-disk cache, and deterministic batch order;
+and tar shards in the WebDataset convention: written from a folder (:mod:`~kontrast.data.shard_writer`),
+indexed for reading by sample number (:mod:`~kontrast.data.shard_index`), and the shapes written as
+files at any resolution (:mod:`~kontrast.data.shapes_files`).
 
 Every source loads into :class:`Samples`: one tensor (uint8 images ``[N, 3, size, size]``, or
 float32 sequences ``[N, C, L]``) plus labels and each row's path, which the rest of kontrast
@@ -12,6 +15,9 @@ from kontrast.data.batches import batch_indices, epoch_permutation
 from kontrast.data.cache import cache_root
 from kontrast.data.samples import Samples, SourceKind
 from kontrast.data.shapes import SHAPE_CLASSES, make_shapes
+from kontrast.data.shapes_files import write_shapes_files
+from kontrast.data.shard_index import ShardIndex, open_shards, read_sample
+from kontrast.data.shard_writer import write_folder_shards
 from kontrast.data.sources import load_images
 from kontrast.registry import SOURCES
 
@@ -19,10 +25,15 @@ __all__ = [
     "SHAPE_CLASSES",
     "SOURCES",
     "Samples",
+    "ShardIndex",
     "SourceKind",
     "batch_indices",
     "cache_root",
     "epoch_permutation",
     "load_images",
     "make_shapes",
+    "open_shards",
+    "read_sample",
+    "write_folder_shards",
+    "write_shapes_files",
 ]

@@ -129,8 +129,8 @@ def save_entry(root: Path, key: str, entry: CachedSplit) -> None:
     }
     try:
         root.mkdir(parents=True, exist_ok=True)
-        _write_atomic(root / f"{key}.safetensors", blob)
-        _write_atomic(root / f"{key}.json", json.dumps(meta, indent=1).encode("utf-8"))
+        write_atomic(root / f"{key}.safetensors", blob)
+        write_atomic(root / f"{key}.json", json.dumps(meta, indent=1).encode("utf-8"))
     except OSError as exc:
         warnings.warn(
             f"could not write the dataset cache in {root} ({exc}); continuing without it "
@@ -176,7 +176,7 @@ def _check_tensors(images: torch.Tensor, labels: torch.Tensor | None, meta: dict
         raise ValueError("labels outside the class list")
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so readers see the old file or the whole new one."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
