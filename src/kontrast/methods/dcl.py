@@ -18,18 +18,16 @@ from dataclasses import dataclass
 import torch
 
 from kontrast.config import checked
-from kontrast.extract import mlp
 from kontrast.losses import decoupled_info_nce, mi_bound, two_view_info_nce, von_mises_fisher_weights
-from kontrast.methods.base import Method, Progress, embedding_std
+from kontrast.methods.base import Progress, embedding_std
+from kontrast.methods.simclr import SimCLR, SimCLRParams
 from kontrast.registry import METHODS
 from kontrast.similarity import cosine, paired_cosine
 
 
 @dataclass(frozen=True)
-class DCLParams:
+class DCLParams(SimCLRParams):
     temperature: float = checked(0.1, gt=0)
-    proj_hidden: int = checked(0, ge=0)  # 0 = the encoder's feature dim, as SimCLR
-    proj_dim: int = checked(128, ge=1)
 
 
 @dataclass(frozen=True)
@@ -38,16 +36,9 @@ class DCLWParams(DCLParams):
 
 
 @METHODS.register("dcl")
-class DCL(Method):
+class DCL(SimCLR):  # SimCLR's head, recipe and optimizer; only the loss below differs
     description = "DCL: SimCLR with the positive pair removed from the denominator (Yeh et al. 2022)"
-    recipe = "simclr_cifar"
     Params = DCLParams
-    distributed = True
-    defaults = {"optim": {"name": "sgd", "lr": 0.06, "lr_batch": 256, "momentum": 0.9, "weight_decay": 5e-4}}
-
-    def __init__(self, encoder, params: DCLParams, num_samples: int = 0):
-        super().__init__(encoder, params, num_samples)
-        self.projector = mlp([encoder.dim, params.proj_hidden or encoder.dim, params.proj_dim])
 
     def weights(self, candidates: torch.Tensor, b: int) -> torch.Tensor | None:
         """[2B] weights of the positive terms of this rank's rows (DCL: none)."""
