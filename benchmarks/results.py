@@ -135,7 +135,8 @@ def main() -> None:
                "knn_top1": scores["knn_top1"], "linear_top1": scores["linear_top1"],
                **{k: scores[k] for k in ("zeroshot_top1",) if k in scores},  # CLIP: class-name prompts
                "train_wall_s": wall, "train_cpu_s": cpu, "img_per_s": summary["img_per_s"], "commit": commit,
-               "command": shlex.join(["kontrast", *cmd[1:]]).replace(str(args.runs), "runs/results")}
+               "command": shlex.join(["kontrast", *cmd[1:]]).replace(str(args.runs), "runs/results")
+               .replace(str(ROOT.parent / "shared"), "../shared")}  # the row names no path of this machine
         print(json.dumps(row), flush=True)
         with args.table.open("a") as f:
             f.write(json.dumps(row) + "\n")
