@@ -23,10 +23,16 @@ from kontrast.evaluate.features import extract_features
 from kontrast.precision import autocast
 
 
+def check_finetune_args(fraction: float, epochs: int = 0) -> None:
+    """One line for a fraction outside (0, 1] or negative epochs, before any work."""
+    if not 0 < fraction <= 1 or epochs < 0:
+        raise UserError(f"--labels-fraction must be in (0, 1] (e.g. 0.01 or 0.1) and --finetune-epochs >= 0; got "
+                        f"{fraction} and {epochs}")
+
+
 def class_balanced_indices(labels: torch.Tensor, fraction: float, seed: int = 0) -> torch.Tensor:
     """``round(fraction x count)`` random rows of each class (at least one): labels [N] -> sorted indices [n]."""
-    if not 0 < fraction <= 1:
-        raise UserError(f"--labels-fraction must be in (0, 1], e.g. 0.01 or 0.1; got {fraction}")
+    check_finetune_args(fraction)
     g = torch.Generator().manual_seed(seed)
     picked = []
     for c in labels.unique():

@@ -9,7 +9,7 @@ from kontrast.checkpoint import STATE_FILE, latest_checkpoint, load_weights
 from kontrast.config import Config, load_yaml
 from kontrast.data import load_images
 from kontrast.errors import UserError
-from kontrast.evaluate.finetune import finetune_top1
+from kontrast.evaluate.finetune import check_finetune_args, finetune_top1
 from kontrast.evaluate.protocol import evaluate_encoder
 from kontrast.evaluate.zeroshot import supports_zeroshot, zeroshot_top1
 from kontrast.methods.base import Method
@@ -48,9 +48,8 @@ def evaluate_run(path: str | Path, data: str | None = None, *, device: str = "cp
     """kNN and linear-probe top-1 of a run's encoder on ``data`` (default: its training source), k-means
     clustering of its test features (NMI, ARI, Hungarian accuracy), and with ``labels_fraction`` the test
     top-1 after fine-tuning on that class-balanced fraction of the training labels (evaluate/finetune.py)."""
-    if labels_fraction and not 0 < labels_fraction <= 1 or finetune_epochs < 0:
-        raise UserError(f"--labels-fraction must be in (0, 1] (e.g. 0.01 or 0.1) and --finetune-epochs >= 0; got "
-                        f"{labels_fraction} and {finetune_epochs}")
+    if labels_fraction or finetune_epochs < 0:
+        check_finetune_args(labels_fraction, finetune_epochs)
     cfg, method, ckpt = load_run(path)
     source = data or cfg.data.source
     kw = dict(size=cfg.data.size, cache_dir=cfg.data.cache_dir, skip_bad_images=cfg.data.skip_bad_images)
