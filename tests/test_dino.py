@@ -142,3 +142,50 @@ def test_last_layer_gets_no_gradient_in_the_first_epoch():
     later = method.training_step(_views(1), progress=Progress(step=4, epoch=1, total_steps=8, steps_per_epoch=4))
     later["loss"].backward()
     assert method.head.last.weight.grad is not None and later["last_layer_frozen"].item() == 0.0
+
+
+def _distil_gaussians(centre_momentum: float, steps: int = 120, seed: int = 0) -> list[dict[str, float]]:
+    """DINO (a small MLP as its encoder, the method's default head) on 16-d Gaussian inputs whose two views differ by
+    noise of std 0.3; K = 32, tau_t = 0.04 throughout, teacher momentum 0.99, nothing frozen, Adam lr 2e-3, batch 64.
+    Returns the logged metrics of every step."""
+    from kontrast.methods.dino import DINO, DINOParams
+
+    class Encoder(torch.nn.Sequential):
+        dim = 32
+
+    torch.manual_seed(seed)
+    encoder = Encoder(torch.nn.Linear(16, 64), torch.nn.BatchNorm1d(64), torch.nn.ReLU(), torch.nn.Linear(64, 32))
+    method = DINO(encoder, DINOParams(proj_hidden=64, bottleneck_dim=16, num_prototypes=32, teacher_temp=0.04,
+                                      warmup_teacher_temp_epochs=0.0, freeze_last_layer_epochs=0.0, base_momentum=0.99,
+                                      centre_momentum=centre_momentum))
+    opt = torch.optim.Adam([p for p in method.parameters() if p.requires_grad], lr=2e-3)
+    g = torch.Generator().manual_seed(seed)
+    logged = []
+    for step in range(steps):
+        x = torch.randn(64, 16, generator=g)
+        views = [x + 0.3 * torch.randn(64, 16, generator=g) for _ in range(2)]
+        out = method.training_step(views, progress=Progress(step=step, epoch=0, total_steps=steps, steps_per_epoch=steps))
+        opt.zero_grad()
+        out["loss"].backward()
+        opt.step()
+        method.after_step(out, Progress(step=step + 1, epoch=0, total_steps=steps, steps_per_epoch=steps))
+        logged.append({k: float(v.detach()) for k, v in out.items() if v.dim() == 0})
+    return logged
+
+
+def test_without_centring_one_prototype_dominates():
+    """Caron et al. 2021, section 5.3 / figure 7: sharpening without centring makes one prototype dominate every
+    image's target. Seen in the entropy of the teacher's batch-mean distribution (``teacher_batch_entropy``, log K
+    when the batch uses every prototype, 0 when all use one) and the most-used prototype's share
+    (``teacher_top_share``), not in the per-sample ``teacher_entropy`` alone (also near 0 for healthy, confident
+    targets) nor in ``embedding_std`` (the collapse monitor's signal: it stays well above train.collapse_std = 0.01
+    while one prototype takes ~80 % of the batch). Measured (seed 0, 120 steps): without centring top share
+    0.13 -> 0.79, batch entropy 2.9 -> 0.66, embedding_std 0.07; with centring top share 0.09, batch entropy 3.35
+    (log 32 = 3.47). About 5 s for both runs on one core."""
+    log_k = math.log(32)
+    centred, ablated = _distil_gaussians(0.9), _distil_gaussians(1.0)
+    last = lambda rows, key: sum(r[key] for r in rows[-10:]) / 10  # noqa: E731
+    assert ablated[0]["teacher_top_share"] < 0.3  # both start spread over the prototypes
+    assert last(ablated, "teacher_top_share") > 0.6 and last(ablated, "teacher_batch_entropy") < 0.3 * log_k
+    assert last(centred, "teacher_top_share") < 0.2 and last(centred, "teacher_batch_entropy") > 0.85 * log_k
+    assert min(r["embedding_std"] for r in ablated) > 0.01  # invisible to the embedding_std collapse monitor

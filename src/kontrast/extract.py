@@ -77,21 +77,23 @@ class Prototypes(nn.Module):
 class DINOHead(nn.Module):
     """DINO's head (Caron et al. 2021, https://arxiv.org/abs/2104.14294, section 3.1 and the authors' ``DINOHead``).
 
-    ``embed(x [N, in]) -> [N, bottleneck]``: a ``layers``-deep MLP (GELU, no BN, weights trunc-normal std 0.02,
-    biases 0), L2-normalised. ``prototypes(z) -> [N, K]``: a weight-normalised linear layer with its gain fixed
+    ``embed(x [N, in]) -> [N, bottleneck]``: a ``layers``-deep MLP (GELU, weights trunc-normal std 0.02, biases 0;
+    ``bn``: BatchNorm1d after each hidden linear layer, which then has no bias: the authors' ``use_bn_in_head``,
+    default off), L2-normalised. ``prototypes(z) -> [N, K]``: a weight-normalised linear layer with its gain fixed
     at 1 (``norm_last_layer``), i.e. ``z @ (V / |V|)^T`` per row of ``V [K, bottleneck]``; ``frozen``: no
     gradient reaches ``V`` (the authors' ``freeze_last_layer``). ``forward = prototypes(embed(x))``.
     Unlike SwAV's :class:`Prototypes` (rows renormalised after each step), ``V`` itself is free and its
     gradient passes through the normalisation, as ``nn.utils.weight_norm`` with ``weight_g`` frozen.
     """
 
-    def __init__(self, dim_in: int, hidden: int, bottleneck: int, count: int, layers: int = 3):
+    def __init__(self, dim_in: int, hidden: int, bottleneck: int, count: int, layers: int = 3, bn: bool = False):
         super().__init__()
-        self.mlp = mlp([dim_in, *[hidden] * (layers - 1), bottleneck], norm=False, act=nn.GELU)
+        self.mlp = mlp([dim_in, *[hidden] * (layers - 1), bottleneck], norm=bn, act=nn.GELU)
         for m in self.mlp.modules():
             if isinstance(m, nn.Linear):
                 nn.init.trunc_normal_(m.weight, std=0.02)
-                nn.init.zeros_(m.bias)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
         self.last = nn.Linear(bottleneck, count, bias=False)  # V [K, bottleneck], nn.Linear's init (the authors')
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:

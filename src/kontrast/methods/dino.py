@@ -37,6 +37,9 @@ class DINOParams:
     centre_momentum: float = checked(0.9, ge=0, le=1)  # 1: the centre stays 0 (no centring: the collapse ablation)
     base_momentum: float = checked(0.996, ge=0, le=1)
     freeze_last_layer_epochs: float = checked(1.0, ge=0)
+    # BN in the head's hidden layers (the authors' and solo-learn's option, default off in both): takes out the part of
+    # the head's input that every image shares (ReLU-pooled ResNet features); the short budget needs it (docs/methods.md)
+    use_bn_in_head: bool = False
 
     def validate(self, cfg) -> None:
         from kontrast.augment import get_recipe
@@ -54,7 +57,8 @@ class DINO(Method):
 
     def __init__(self, encoder, params: DINOParams, num_samples: int = 0):
         super().__init__(encoder, params, num_samples)
-        self.head = DINOHead(encoder.dim, params.proj_hidden, params.bottleneck_dim, params.num_prototypes)
+        self.head = DINOHead(encoder.dim, params.proj_hidden, params.bottleneck_dim, params.num_prototypes,
+                             bn=params.use_bn_in_head)
         self.target = MomentumTarget(torch.nn.Sequential(self.encoder, self.head))  # the teacher
         self.register_buffer("centre", torch.zeros(params.num_prototypes))  # [K]
 
@@ -69,8 +73,12 @@ class DINO(Method):
         with float32(s):  # logits / tau_t (0.04): softmaxes in float32
             loss = dino_loss(s, t, self.centre, p.student_temp, tau_t)  # H(P_t(x), P_s(x')), x' != x
         sums = self.ranks.gather(t.sum((0, 1))[None])  # [W, K] every rank's sum over its 2b teacher outputs
+        q = teacher_distribution(t, self.centre, tau_t)  # [2, B, K] the targets (metrics only)
+        used = q.mean((0, 1))  # [K] this rank's batch-mean target: how much each prototype is used
         return {"loss": loss, "embedding_std": embedding_std(z[:b]), "teacher_temp": torch.tensor(tau_t),
-                "teacher_entropy": mean_entropy(teacher_distribution(t, self.centre, tau_t)),  # log K: uniform
+                "teacher_entropy": mean_entropy(q),  # per-sample: log K uniform collapse, 0 one-hot (healthy or not)
+                "teacher_batch_entropy": mean_entropy(used),  # of the batch mean: ~0 = one prototype for every image
+                "teacher_top_share": used.max(),  # the most-used prototype's share of the batch (1: dominance collapse)
                 "last_layer_frozen": torch.tensor(float(frozen)), "teacher_mean": sums.sum(0) / (2 * b * len(sums))}
 
     def after_step(self, out: dict[str, torch.Tensor], progress: Progress) -> None:
