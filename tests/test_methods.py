@@ -56,15 +56,17 @@ def test_every_image_method_has_short_budget_settings():
 def test_learning(name, tmp_path, shared_cifar_tar):
     """Loss falls and kNN top-1 on CIFAR-10's test split beats chance and the untrained encoder.
 
-    4000 CIFAR-10 training images (2000 for InstDisc), 4-12 epochs, batch 128, ResNet-18 width 0.125, the
-    machine's precision (``auto``: fp32 on a CPU without native bf16): one to three minutes on 2 cores. The kNN monitor reads a fixed 2000-image subset of the test split. The loss test
+    4000 CIFAR-10 training images (2000 for InstDisc), 4-12 epochs, batch 128, ResNet-18 width 0.125, bf16
+    unless the entry's ``test: {precision: ...}`` names the one its figures were measured at (a short run's
+    end point moves with rounding: BYOL's by 0.04 between 1 and 2 threads): one to three minutes on 2 cores. The kNN monitor reads a fixed 2000-image subset of the test split. The loss test
     compares the mean of the first and the last ``loss_window`` logged losses (3 unless the entry says otherwise),
     counted from epoch ``loss_from_epoch`` (0 unless the entry says otherwise: InfoMin's first-epoch loss is
     scored against a queue that lags behind contracting embeddings; see benchmarks/short_budget.yaml).
     """
     budget = SHORT_BUDGET[name]
     # the entry's test-only budget
-    test = {"epochs": 4, "limit": 4000, "loss_from_epoch": 0, "loss_window": 3, **budget.get("test", {})}
+    test = {"epochs": 4, "limit": 4000, "loss_from_epoch": 0, "loss_window": 3, "precision": "bf16",
+            **budget.get("test", {})}
     raw = {
         "method": {"name": name, **budget.get("method", {})},
         "encoder": {**TINY["encoder"], **budget.get("encoder", {})},
@@ -72,7 +74,7 @@ def test_learning(name, tmp_path, shared_cifar_tar):
         "augment": budget.get("augment", {}),
         "data": {"source": str(shared_cifar_tar), "limit": test["limit"]},
         "train": {"epochs": test["epochs"], "batch_size": 128, "log_every": 5, "knn_every": test["epochs"],
-                  "precision": "auto", "knn_max_train": 4000, "knn_max_test": 2000},
+                  "precision": test["precision"], "knn_max_train": 4000, "knn_max_test": 2000},
     }
     fit(resolve(raw), tmp_path / "run", progress=False)
     lines = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
