@@ -47,9 +47,10 @@ def test_method_defaults_apply_under_user_values():
     assert cfg.method.params.base_momentum == 0.99
 
 
-@pytest.mark.parametrize("name, lr, wd", [("byol", 1.0, 1e-5), ("moco_v3", 0.3, 1e-6), ("swav", 0.6, 1e-6)])
+@pytest.mark.parametrize("name, lr, wd", [("byol", 1.0, 1e-5), ("moco_v3", 0.3, 1e-6), ("swav", 0.6, 1e-6),
+                                         ("dino", 0.3, 1e-6)])
 def test_solo_learn_recipes_name_their_lars_variant(name, lr, wd):
-    """solo-learn's CIFAR recipes (scripts/pretrain/cifar/{byol,mocov3,swav}.yaml): LARS with clip_lr,
+    """solo-learn's CIFAR recipes (scripts/pretrain/cifar/{byol,mocov3,swav,dino}.yaml): LARS with clip_lr,
     eta 0.02, biases and norms excluded, lr x batch/256, 10 warm-up epochs (its scheduler default)."""
     optim = resolve({"method": {"name": name}}).optim
     assert (optim.name, optim.lars_clip, optim.lars_eta) == ("lars", True, 0.02)

@@ -58,6 +58,10 @@ SMALL["dcl"] = SMALL["dclw"] = ["optim.lr=0.003"]
 # 0/1/2: <= 2.2e-6
 SMALL["nnclr"] = ["method.queue_size=24", "method.proj_hidden=64", "method.pred_hidden=64", "optim.lr=0.04"]
 # CPC v2: 4-px patches at stride 2 (a 7 x 7 grid of 16-px images); pools of 2 images, which divide 6 and 12
+# DINO: small head and prototypes (CPU time), the last layer trained from step 1 (the run is one epoch), multi-crop
+# (2 x 16 px + 4 x 8 px): the centre takes both ranks' teacher outputs
+SMALL["dino"] = ["method.proj_hidden=64", "method.bottleneck_dim=32", "method.num_prototypes=64",
+                 "method.freeze_last_layer_epochs=0"]
 SMALL["cpc_v2"] = ["method.patch_size=4", "method.patch_stride=2", "method.negative_pool=2"]
 SMALL["cpc"] = ["method.context_dim=32", "method.steps=3", "method.negative_pool=3"]
 # AMDIM and YADIM on the ResNet-18 maps (the amdim encoder needs 32-px images; the cross-rank code is the same)

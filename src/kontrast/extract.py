@@ -7,21 +7,23 @@ only in their dims and where batch-norm sits.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from kontrast.precision import at_least_float32, float32
 from kontrast.similarity import cosine
 
 
-def mlp(dims: Sequence[int], *, norm: bool = True, last_norm: bool = False, bias_last: bool = True) -> nn.Sequential:
+def mlp(dims: Sequence[int], *, norm: bool = True, last_norm: bool = False, bias_last: bool = True,
+        act: Callable[[], nn.Module] | None = None) -> nn.Sequential:
     """``Linear -> [BN] -> ReLU`` for each hidden layer, then a final ``Linear [-> BN]``.
 
     ``dims = (in, hidden..., out)``. ``norm`` puts BatchNorm1d after each hidden
     Linear (SimCLR v2, BYOL); ``last_norm`` adds an affine-free BN after the
-    output (SimSiam / MoCo v3 style).
+    output (SimSiam / MoCo v3 style). ``act`` builds the hidden activation (default ReLU; DINO: GELU).
     """
     if len(dims) < 2:
         raise ValueError("mlp needs at least (in, out) dims")
@@ -30,7 +32,7 @@ def mlp(dims: Sequence[int], *, norm: bool = True, last_norm: bool = False, bias
         layers.append(nn.Linear(d_in, d_out, bias=not norm))
         if norm:
             layers.append(nn.BatchNorm1d(d_out))
-        layers.append(nn.ReLU(inplace=True))
+        layers.append(act() if act is not None else nn.ReLU(inplace=True))
     layers.append(nn.Linear(dims[-2], dims[-1], bias=bias_last and not last_norm))
     if last_norm:
         layers.append(nn.BatchNorm1d(dims[-1], affine=False))
@@ -70,6 +72,41 @@ class Prototypes(nn.Module):
         """``frozen``: no gradient reaches the prototypes (SwAV freezes them early in training)."""
         w = self.weight.detach() if frozen else self.weight  # [K, D]
         return F.normalize(z, dim=1) @ w.T  # [B, K]
+
+
+class DINOHead(nn.Module):
+    """DINO's head (Caron et al. 2021, https://arxiv.org/abs/2104.14294, section 3.1 and the authors' ``DINOHead``).
+
+    ``embed(x [N, in]) -> [N, bottleneck]``: a ``layers``-deep MLP (GELU, weights trunc-normal std 0.02, biases 0;
+    ``bn``: BatchNorm1d after each hidden linear layer, which then has no bias: the authors' ``use_bn_in_head``,
+    default off), L2-normalised. ``prototypes(z) -> [N, K]``: a weight-normalised linear layer with its gain fixed
+    at 1 (``norm_last_layer``), i.e. ``z @ (V / |V|)^T`` per row of ``V [K, bottleneck]``; ``frozen``: no
+    gradient reaches ``V`` (the authors' ``freeze_last_layer``). ``forward = prototypes(embed(x))``.
+    Unlike SwAV's :class:`Prototypes` (rows renormalised after each step), ``V`` itself is free and its
+    gradient passes through the normalisation, as ``nn.utils.weight_norm`` with ``weight_g`` frozen.
+    """
+
+    def __init__(self, dim_in: int, hidden: int, bottleneck: int, count: int, layers: int = 3, bn: bool = False):
+        super().__init__()
+        self.mlp = mlp([dim_in, *[hidden] * (layers - 1), bottleneck], norm=bn, act=nn.GELU)
+        for m in self.mlp.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+        self.last = nn.Linear(bottleneck, count, bias=False)  # V [K, bottleneck], nn.Linear's init (the authors')
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        return F.normalize(self.mlp(x), dim=1)  # [N, bottleneck]
+
+    def prototypes(self, z: torch.Tensor, *, frozen: bool = False) -> torch.Tensor:
+        """Cosines with the prototypes in float32 even under bf16 autocast (DINO divides them by tau_t = 0.04)."""
+        v = self.last.weight.detach() if frozen else self.last.weight  # [K, bottleneck]
+        with float32(z):
+            return at_least_float32(z) @ F.normalize(at_least_float32(v), dim=1).T  # [N, K]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.prototypes(self.embed(x))  # [N, K]
 
 
 # --------------------------------------------------------------------------- positions: context and local features

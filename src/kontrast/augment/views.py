@@ -111,6 +111,14 @@ _SIMSIAM_CIFAR = ViewSpec(crop_scale=(0.2, 1.0))
 _SWAV_GLOBAL = ViewSpec(crop_scale=(0.14, 1.0), jitter=(0.8, 0.8, 0.8, 0.2))
 _SWAV_SMALL = ViewSpec(size=16, size_factor=0.5, crop_scale=(0.05, 0.14), jitter=(0.8, 0.8, 0.8, 0.2))
 
+# DINO multi-crop, Caron et al. 2021, https://arxiv.org/abs/2104.14294 (the authors' DataAugmentationDINO): BYOL's
+# asymmetric global pair from 40% of the area (global_crops_scale 0.4-1; blur 1.0 / 0.1 and solarize 0.2 on the
+# second) and local crops from 5-40% (blur 0.5) at 96/224 of the side. At CIFAR scale without blur (as byol_cifar,
+# solo-learn's asymmetric.yaml) and 4 local crops at half of data.size (as swav_multicrop; the paper: 8-10 at 96 px).
+_DINO_GLOBAL_1 = ViewSpec(crop_scale=(0.4, 1.0), jitter=(0.4, 0.4, 0.2, 0.1))
+_DINO_GLOBAL_2 = ViewSpec(crop_scale=(0.4, 1.0), jitter=(0.4, 0.4, 0.2, 0.1), solarize_p=0.2)
+_DINO_LOCAL = ViewSpec(size=16, size_factor=0.5, crop_scale=(0.05, 0.4), jitter=(0.4, 0.4, 0.2, 0.1))
+
 # InfoMin Aug, Tian et al. 2020, https://arxiv.org/abs/2005.10243, as in the authors' PyContrast
 # (aug "D"): crop, jitter (0.8, 0.8, 0.8, 0.2) p 0.8, blur p 0.5, RandAugment n=2 m=10 mstd=0.5
 # (each op p 0.5), grayscale p 0.2. The crop starts at 20% of the area: PyContrast's
@@ -126,6 +134,7 @@ _CLIP = ViewSpec(crop_scale=(0.9, 1.0), crop_ratio=(1.0, 1.0), flip_p=0.0, jitte
 RECIPES: dict[str, tuple[ViewSpec, ...]] = {
     "swav_multicrop": (_SWAV_GLOBAL, _SWAV_GLOBAL, *[_SWAV_SMALL] * 4),
     "swav_global": (_SWAV_GLOBAL, _SWAV_GLOBAL),  # the 2 global crops alone: the paper's no-multi-crop baseline
+    "dino_multicrop": (_DINO_GLOBAL_1, _DINO_GLOBAL_2, *[_DINO_LOCAL] * 4),
     "infomin": (_INFOMIN, _INFOMIN),
     "clip": (_CLIP,),
     "moco_v1": (_MOCO_V1, _MOCO_V1),

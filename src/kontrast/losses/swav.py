@@ -11,6 +11,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from kontrast.precision import at_least_float32
+
 
 @torch.no_grad()
 def sinkhorn(scores: torch.Tensor, epsilon: float = 0.05, iterations: int = 3) -> torch.Tensor:
@@ -48,7 +50,8 @@ def swapped_prediction(scores: torch.Tensor, codes: torch.Tensor, temperature: f
     Loss = mean over a < A, v != a, samples of ``-sum_k codes[a, b, k] log softmax(scores[v, b] / τ)_k``.
     """
     a_views, v_views = codes.shape[0], scores.shape[0]
-    log_p = F.log_softmax(scores.float() / temperature, dim=2)  # [V, B, K]
-    ce = -(codes.float()[:, None] * log_p[None]).sum(dim=3).mean(dim=2)  # [A, V] per (code, predictor) pair
+    scores, codes = at_least_float32(scores), at_least_float32(codes)  # float32 (float64 stays: reference tests)
+    log_p = F.log_softmax(scores / temperature, dim=2)  # [V, B, K]
+    ce = -(codes.to(log_p.dtype)[:, None] * log_p[None]).sum(dim=3).mean(dim=2)  # [A, V] per (code, predictor) pair
     keep = ~torch.eye(a_views, v_views, dtype=torch.bool, device=ce.device)  # [A, V] v != a
     return ce[keep].sum() / (a_views * (v_views - 1))
