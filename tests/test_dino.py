@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from kontrast.extract import DINOHead
+from kontrast.train.guards import CollapseMonitor
 from kontrast.losses import dino_loss, mean_entropy, teacher_distribution, teacher_temperature, update_centre
 from kontrast.methods.base import Progress
 from kontrast.methods.build import create_method, resolve
@@ -178,14 +179,25 @@ def test_without_centring_one_prototype_dominates():
     image's target. Seen in the entropy of the teacher's batch-mean distribution (``teacher_batch_entropy``, log K
     when the batch uses every prototype, 0 when all use one) and the most-used prototype's share
     (``teacher_top_share``), not in the per-sample ``teacher_entropy`` alone (also near 0 for healthy, confident
-    targets) nor in ``embedding_std`` (the collapse monitor's signal: it stays well above train.collapse_std = 0.01
-    while one prototype takes ~80 % of the batch). Measured (seed 0, 120 steps): without centring top share
-    0.13 -> 0.79, batch entropy 2.9 -> 0.66, embedding_std 0.07; with centring top share 0.09, batch entropy 3.35
-    (log 32 = 3.47). About 5 s for both runs on one core."""
+    targets) nor in ``embedding_std`` (it stays well above train.collapse_std = 0.01 while one prototype takes
+    ~80 % of the batch): the collapse monitor warns on the top share (train.collapse_share). Measured (seed 0,
+    120 steps): without centring top share 0.13 -> 0.79, batch entropy 2.9 -> 0.66, embedding_std 0.07; with
+    centring top share 0.09, batch entropy 3.35 (log 32 = 3.47). About 5 s for both runs on one core."""
     log_k = math.log(32)
     centred, ablated = _distil_gaussians(0.9), _distil_gaussians(1.0)
     last = lambda rows, key: sum(r[key] for r in rows[-10:]) / 10  # noqa: E731
     assert ablated[0]["teacher_top_share"] < 0.3  # both start spread over the prototypes
     assert last(ablated, "teacher_top_share") > 0.6 and last(ablated, "teacher_batch_entropy") < 0.3 * log_k
     assert last(centred, "teacher_top_share") < 0.2 and last(centred, "teacher_batch_entropy") > 0.85 * log_k
-    assert min(r["embedding_std"] for r in ablated) > 0.01  # invisible to the embedding_std collapse monitor
+    assert min(r["embedding_std"] for r in ablated) > 0.01  # invisible to the embedding_std signal ...
+    flagged = _collapse_warnings(ablated)  # ... but the loop's monitor also reads teacher_top_share
+    assert len(flagged) == 1 and "targets are collapsing" in flagged[0] and "teacher_top_share 0." in flagged[0]
+    assert _collapse_warnings(centred) == []
+
+
+def _collapse_warnings(rows: list[dict[str, float]]) -> list[str]:
+    """The warnings the training loop's collapse monitor gives on these logged steps (the defaults' thresholds,
+    std 0.01 and share 0.5, over a 20-step window: the loop's default 100 is most of this 120-step run)."""
+    monitor = CollapseMonitor(0.01, 20, share=0.5)
+    messages = (monitor.update(step, r["embedding_std"], r["teacher_top_share"]) for step, r in enumerate(rows))
+    return [m for m in messages if m]

@@ -308,6 +308,10 @@ def test_collapse_monitor_warns_once_after_a_sustained_window():
     resumed = CollapseMonitor(0.01, 30, m.state())  # the state travels in checkpoints
     assert resumed.update(110, 0.001) is None
     assert CollapseMonitor(0.0, 1).update(5, 0.0) is None  # threshold 0: off
+    dino = CollapseMonitor(0.01, 1, share=0.5)  # DINO's other collapse: one prototype for most of the batch
+    assert dino.update(5, 0.05, 0.4) is None and dino.update(6, 0.05, None) is None  # healthy / not logged
+    assert "teacher_top_share 0.80" in dino.update(7, 0.05, 0.8)
+    assert CollapseMonitor(0.01, 1).update(5, 0.05, 0.99) is None  # share 1 (the constructor's default): off
 
 
 def test_collapse_warning_reaches_log_and_stderr(tmp_path, capsys, monkeypatch):

@@ -122,6 +122,7 @@ class TrainConfig:
     max_skips: int = checked(10, ge=1)  # nonfinite=skip: stop after this many consecutive skipped steps
     collapse_std: float = checked(0.01, ge=0)  # warn when embedding_std stays below this (0 = off)
     collapse_window: int = checked(100, ge=1)  # ... over this many steps
+    collapse_share: float = checked(0.5, gt=0, le=1)  # ... or one prototype takes more of the teacher's batch (1 = off)
 
 
 @dataclass(frozen=True)

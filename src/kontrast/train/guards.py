@@ -68,15 +68,18 @@ class NonFiniteGuard:
 
 
 class CollapseMonitor:
-    """Warns once when ``embedding_std`` stays below ``threshold`` for ``window`` steps.
+    """Warns once when a collapse signal lasts for ``window`` steps: ``embedding_std`` below ``threshold``, or the
+    teacher's most-used prototype above ``share`` of the batch (``teacher_top_share``, methods that log it: DINO).
 
     The std of L2-normalised embeddings is ~1/sqrt(d) for spread-out embeddings and 0 when
     every image maps to the same point (SimSiam, Chen & He 2021, https://arxiv.org/abs/2011.10566,
-    section 4.1). Read at log steps only.
+    section 4.1). DINO's other collapse keeps the embeddings apart but gives every image the same target
+    prototype (Caron et al. 2021, https://arxiv.org/abs/2104.14294, section 5.3): healthy, no prototype takes
+    more than a few percent of a batch. Read at log steps only.
     """
 
-    def __init__(self, threshold: float, window: int, state: dict | None = None):
-        self.threshold, self.window = threshold, window
+    def __init__(self, threshold: float, window: int, state: dict | None = None, share: float = 1.0):
+        self.threshold, self.window, self.share = threshold, window, share
         state = state or {}
         self.below_since: int | None = state.get("below_since")
         self.warned: bool = state.get("warned", False)
@@ -84,10 +87,10 @@ class CollapseMonitor:
     def state(self) -> dict:
         return {"below_since": self.below_since, "warned": self.warned}
 
-    def update(self, step: int, std: float | None) -> str | None:
-        if self.threshold <= 0 or std is None:
-            return None
-        if not std < self.threshold:  # NaN counts as not collapsed: the non-finite guard reports it
+    def update(self, step: int, std: float | None, top_share: float | None = None) -> str | None:
+        low_std = self.threshold > 0 and std is not None and std < self.threshold  # NaN: not collapsed (non-finite guard)
+        dominant = self.share < 1 and top_share is not None and top_share > self.share
+        if not (low_std or dominant):
             self.below_since, self.warned = None, False
             return None
         if self.below_since is None:
@@ -95,9 +98,13 @@ class CollapseMonitor:
         if self.warned or step - self.below_since + 1 < self.window:
             return None
         self.warned = True
-        return (f"embeddings are collapsing: embedding_std {std:.2e} has stayed below train.collapse_std="
-                f"{self.threshold:g} since step {self.below_since} (healthy ~1/sqrt(dim)); check the method "
-                "(stop-gradient, predictor, negatives) or lower optim.lr")
+        if low_std:
+            return (f"embeddings are collapsing: embedding_std {std:.2e} has stayed below train.collapse_std="
+                    f"{self.threshold:g} since step {self.below_since} (healthy ~1/sqrt(dim)); check the method "
+                    "(stop-gradient, predictor, negatives) or lower optim.lr")
+        return (f"targets are collapsing: one prototype has taken over {self.share:g} of the teacher's batch "
+                f"(teacher_top_share {top_share:.2f}) since step {self.below_since} (train.collapse_share); check the "
+                "centring (method.centre_momentum < 1) or raise method.teacher_temp")
 
 
 class SignalStop:

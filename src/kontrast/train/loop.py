@@ -173,7 +173,7 @@ def _fit(cfg: Config, run_dir: Path, resume: bool, overwrite: bool, progress: bo
     log = MetricLog(run_dir, resume_step=start_step if resume else None) if lead else NullLog()
     bar = tqdm(total=schedule.total_steps, initial=start_step, disable=not (progress and lead), unit="step",
                dynamic_ncols=True)
-    collapse = CollapseMonitor(tc.collapse_std, tc.collapse_window, counters["collapse"])
+    collapse = CollapseMonitor(tc.collapse_std, tc.collapse_window, counters["collapse"], tc.collapse_share)
     step, t_window, n_window, t_start, last = start_step, time.perf_counter(), 0, time.perf_counter(), {}
 
     def warn(kind: str, message: str) -> None:
@@ -225,7 +225,7 @@ def _fit(cfg: Config, run_dir: Path, resume: bool, overwrite: bool, progress: bo
                         log.write(step, last)
                         bar.set_postfix(loss=f"{last['loss']:.4f}", img_s=f"{last['img_per_s']:.0f}")
                         t_window, n_window = now, 0
-                        message = collapse.update(step, last.get("embedding_std"))
+                        message = collapse.update(step, last.get("embedding_std"), last.get("teacher_top_share"))
                         if message:
                             warn("collapse", message)
                     faults.after_step(step)  # test hook: a kill or signal arriving during this step
