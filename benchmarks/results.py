@@ -7,6 +7,12 @@ before training (same seed, same initialisation) and of raw pixels.
 
     .venv/bin/python benchmarks/results.py --data ../shared/data/cifar10-jpeg.tar.gz [--methods simclr,byol]
 
+A row with another encoder or recipe (the ViT rows): one method, ``--row`` its name in the table, ``--set``
+the config keys to change on top of the method's entry, e.g.
+
+    .venv/bin/python benchmarks/results.py --methods moco_v3 --row "moco_v3 (vit_tiny)" \
+        --set encoder.name=vit_tiny --set encoder.width=1.0 --set optim.name=adamw ...
+
 Rows are appended to benchmarks/results/table.jsonl as they finish (a rerun skips methods already
 there; --fresh starts over); the markdown table is printed at the end (--report: print it only).
 Wall time depends on what else runs on the machine; CPU seconds (user + system of the training
@@ -28,7 +34,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from kontrast.config import merge
+from kontrast.config import merge, parse_override
 from kontrast.data import load_images
 from kontrast.evaluate.protocol import evaluate_encoder, evaluate_raw_pixels
 from kontrast.methods import METHODS
@@ -50,15 +56,24 @@ def overrides(entry: dict) -> list[str]:
 def run_config(name: str, args):
     """The config `train_command` runs, resolved in-process (for the untrained encoder it starts from)."""
     base = {"method": {"name": name}, "encoder": {"width": args.width}, "data": {"limit": args.limit}}
-    return resolve(merge(base, {s: BUDGET[name][s] for s in SECTIONS if s in BUDGET[name]}))
+    raw = merge(base, {s: BUDGET[name][s] for s in SECTIONS if s in BUDGET[name]})
+    for text in args.set:  # after the entry, as on the command line
+        raw = merge(raw, parse_override(text))
+    return resolve(raw)
 
 
 def train_command(name: str, args) -> list[str]:
     return [str(ROOT / ".venv/bin/kontrast"), "train", "--method", name, "--data", args.data,
-            "--epochs", str(args.epochs), "--batch-size", str(args.batch_size), "--precision", "bf16",
-            "--out", str(args.runs / name), "--overwrite", "--no-progress",
+            "--epochs", str(args.epochs), "--batch-size", str(args.batch_size), "--precision", args.precision,
+            "--out", str(args.runs / run_name(name, args)), "--overwrite", "--no-progress",
             "--set", f"encoder.width={args.width}", "--set", f"data.limit={args.limit}",
-            "--set", f"train.num_threads={args.threads}", *overrides(BUDGET[name])]
+            "--set", f"train.num_threads={args.threads}", *overrides(BUDGET[name]),
+            *[flag for text in args.set for flag in ("--set", text)]]
+
+
+def run_name(name: str, args) -> str:
+    """The row's run folder: the method's name, or the ``--row`` label made a folder name."""
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in args.row).strip("_") if args.row else name
 
 
 def run_timed(cmd: list[str]) -> tuple[str, float, float]:
@@ -83,7 +98,7 @@ def untrained_knn(name: str, args, splits, cache: dict) -> float:
     if key not in cache:
         spec = view_specs(cfg, method)[0]
         cache[key] = evaluate_encoder(method.encoder, *splits, cfg.eval, mean=spec.mean, std=spec.std,
-                                      precision="bf16", linear=False)["knn_top1"]
+                                      precision=args.precision, linear=False)["knn_top1"]
     return cache[key]
 
 
@@ -107,12 +122,18 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--width", type=float, default=0.125)
+    parser.add_argument("--precision", default="bf16", help="the training precision (the table's rows: bf16)")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--row", help="the table's name for this row (one method; with --set: another encoder)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config key over the method's short-budget entry, for every run (repeatable)")
     parser.add_argument("--runs", type=Path, default=ROOT / "runs/results")
     parser.add_argument("--table", type=Path, default=ROOT / "benchmarks/results/table.jsonl")
     parser.add_argument("--fresh", action="store_true", help="forget rows already in --table")
     parser.add_argument("--report", action="store_true", help="only print the table of the rows already measured")
     args = parser.parse_args()
+    if args.row and "," in args.methods:
+        parser.error("--row names one row: give one method in --methods")
     torch.set_num_threads(args.threads)
     args.table.parent.mkdir(parents=True, exist_ok=True)
     if args.fresh:
@@ -122,16 +143,19 @@ def main() -> None:
     splits = load_images(args.data, "train"), load_images(args.data, "test")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     cache: dict = {}
+    rows = [args.row] if args.row else args.methods.split(",")
     for name in args.methods.split(","):
-        if name in done or args.report:
+        label = args.row or name
+        if label in done or args.report:
             continue
         cmd = train_command(name, args)
         print(f"{name}: {shlex.join(cmd)}", flush=True)
         summary, wall, cpu = run_timed(cmd)
         summary = json.loads(summary.strip().splitlines()[-1])
-        scores, _, _ = run_timed([str(ROOT / ".venv/bin/kontrast"), "eval", "--checkpoint", str(args.runs / name), "--json"])
+        scores, _, _ = run_timed([str(ROOT / ".venv/bin/kontrast"), "eval", "--checkpoint", str(args.runs / run_name(name, args)),
+                                  "--json", "--no-clustering"])
         scores = json.loads(scores)
-        row = {"method": name, "knn_untrained": untrained_knn(name, args, splits, cache),
+        row = {"method": label, "knn_untrained": untrained_knn(name, args, splits, cache),
                "knn_top1": scores["knn_top1"], "linear_top1": scores["linear_top1"],
                **{k: scores[k] for k in ("zeroshot_top1",) if k in scores},  # CLIP: class-name prompts
                "train_wall_s": wall, "train_cpu_s": cpu, "img_per_s": summary["img_per_s"], "commit": commit,
@@ -140,9 +164,9 @@ def main() -> None:
         print(json.dumps(row), flush=True)
         with args.table.open("a") as f:
             f.write(json.dumps(row) + "\n")
-        done[name] = row
+        done[label] = row
     raw_pixels = evaluate_raw_pixels(*splits, resolve({}).eval)
-    print(markdown([done[n] for n in args.methods.split(",") if n in done], raw_pixels))
+    print(markdown([done[n] for n in rows if n in done], raw_pixels))
 
 
 if __name__ == "__main__":
