@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 from kontrast.config import Config
@@ -25,6 +26,10 @@ class KnnMonitor:
     def create(cls, cfg: Config, data, ctx: StepContext) -> "KnnMonitor | None":
         tc = cfg.train
         if not tc.knn_every or data.labels is None:
+            return None
+        if not hasattr(data, "x"):  # the streaming path holds no decoded training set to score
+            print("note: train.knn_every is not run on the streaming path (data.mode=stream); use kontrast eval",
+                  file=sys.stderr)
             return None
         test = load_images(cfg.data.source, "test", size=cfg.data.size, cache_dir=cfg.data.cache_dir,
                            skip_bad_images=cfg.data.skip_bad_images)

@@ -1,0 +1,132 @@
+"""The run's data path: memory (the whole set decoded once, on the device) or stream (decoded per batch).
+
+``data.mode``: ``memory`` is :func:`kontrast.data.load_images` (every image at ``data.size``, moved to the
+device whole, views cut from it); ``stream`` reads an ImageFolder tree or tar shards sample by sample
+(:mod:`kontrast.data.stream_source`), DataLoader workers (``data.workers``) decoding each batch with its
+views' random resized crops taken from the full image (:mod:`kontrast.data.stream_dataset`), the rest of the
+recipe applied on the device. ``auto`` (the default) keeps the memory path when the decoded set at
+``data.size`` fits ``data.memory_budget`` (a fraction of RAM, and of the device's memory on a GPU), and
+streams otherwise; shards always stream (the memory path does not read them), sources that only the memory
+path reads (archives, CIFAR pickles, built-in and paired sets) never do. The choice is written into the run's
+config, so a resume takes the same path whatever the machine.
+
+Both paths order the data the same way (the global permutation of (seed, epoch)) and key every view by
+(seed, epoch, sample, view), so the stream path resumes mid-epoch bit for bit, with any number of workers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+
+import torch
+from torch.utils.data import DataLoader
+
+from kontrast.config import Config
+from kontrast.data import batch_indices, load_images
+from kontrast.data.layout import list_files, plan_layout
+from kontrast.data.stream_dataset import RunBatches, StreamBatch, StreamViews, ViewCollate
+from kontrast.data.stream_source import StreamSource, is_folder_spec, is_shard_spec, open_stream
+from kontrast.errors import UserError
+
+MODES = ("auto", "memory", "stream")
+
+
+@dataclass
+class TrainData:
+    """The training split as the loop uses it."""
+
+    data: object  # Samples (memory) or StreamSource (stream): labels, classes, paths, name for methods and monitor
+    line: str  # the start-up line
+
+    @property
+    def stream(self) -> StreamSource | None:
+        return self.data if isinstance(self.data, StreamSource) else None
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+def _total_memory(device: torch.device) -> int:
+    """Bytes the decoded set may be held in: RAM, and the device's memory on a GPU (the smaller)."""
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if device.type == "cuda":
+        return min(ram, torch.cuda.get_device_properties(device).total_memory)
+    return ram
+
+
+def choose_mode(cfg: Config, device: torch.device) -> tuple[Config, str]:
+    """``cfg`` with ``data.mode`` decided (never ``auto``), and the reason in words for the start-up line."""
+    dc = cfg.data
+    if dc.mode == "memory":
+        return cfg, "data.mode=memory"
+    if is_shard_spec(dc.source):
+        why = "data.mode=stream" if dc.mode == "stream" else "auto: tar shards are streamed"
+        return replace(cfg, data=replace(dc, mode="stream")), why
+    if dc.mode == "stream":
+        return cfg, "data.mode=stream"
+    if not is_folder_spec(dc.source):
+        return replace(cfg, data=replace(dc, mode="memory")), "auto: this kind of source is read into memory"
+    plan = plan_layout(list_files(os.path.expanduser(dc.source)), dc.source).splits.get("train")
+    n = len(plan.paths) if plan is not None else 0
+    n = min(n, dc.limit) if dc.limit else n
+    need, budget = n * 3 * dc.size * dc.size, dc.memory_budget * _total_memory(device)
+    verdict = "fits" if need <= budget else "is over"
+    why = (f"auto: {need / 2**20:.1f} MiB decoded at {dc.size} px {verdict} data.memory_budget "
+           f"({dc.memory_budget:g} of {_total_memory(device) / 2**30:.1f} GiB)")
+    return replace(cfg, data=replace(dc, mode="memory" if need <= budget else "stream")), why
+
+
+def load_train_data(cfg: Config, device: torch.device, why: str) -> TrainData:
+    """The training split on the path ``cfg.data.mode`` names (decided by :func:`choose_mode`)."""
+    dc = cfg.data
+    if dc.mode == "stream":
+        source = open_stream(dc.source, "train", cache_dir=dc.cache_dir, skip_bad_images=dc.skip_bad_images)
+        source = source.subset(dc.limit, seed=cfg.train.seed)
+        return TrainData(source, source.summary(dc.size, dc.workers, why))
+    full = load_images(dc.source, "train", size=dc.size, cache_dir=dc.cache_dir, skip_bad_images=dc.skip_bad_images)
+    data = full.subset(dc.limit, seed=cfg.train.seed)
+    return TrainData(data, f"{data.summary(of=len(full))}; memory path ({why})")
+
+
+def epoch_batches(train: TrainData, cfg: Config, specs: tuple, start: int, rank: int, world: int,
+                  device: torch.device) -> Iterator[tuple[int, int, torch.Tensor, StreamBatch | None]]:
+    """``(epoch, step in epoch, indices, stream batch)`` for every step from ``start`` to the run's end.
+
+    Memory: ``indices`` int64 [B] is the global batch (each rank takes its slice in the step), no stream batch.
+    Stream: ``indices`` int64 [B / W] are this rank's samples and the batch holds their crops.
+    """
+    tc, n = cfg.train, len(train)
+    steps_per_epoch = len(batch_indices(n, tc.batch_size, 0, tc.seed))
+    if train.stream is None:
+        for epoch in range(start // steps_per_epoch, tc.epochs):
+            for i, idx in enumerate(batch_indices(n, tc.batch_size, epoch, tc.seed)):
+                if epoch * steps_per_epoch + i >= start:
+                    yield epoch, i, idx, None
+        return
+    sampler = RunBatches(n, tc.batch_size, tc.seed, tc.epochs, start, rank, world)
+    workers = cfg.data.workers
+    loader = DataLoader(StreamViews(train.stream, specs, tc.seed, cfg.data.skip_bad_images), batch_sampler=sampler,
+                        num_workers=workers, collate_fn=ViewCollate(specs), pin_memory=device.type == "cuda",
+                        prefetch_factor=2 if workers else None, generator=torch.Generator().manual_seed(tc.seed))
+    for step, batch in enumerate(loader, start):
+        yield step // steps_per_epoch, step % steps_per_epoch, batch.indices, batch
+
+
+def check_batch(batch: StreamBatch | None, step: int, counters: dict, last_good: Callable[[], str], warn) -> None:
+    """Before step ``step``: stop on an unreadable sample (strict), or count the ones replaced (skip).
+
+    ``last_good()``: the newest complete checkpoint, named in the strict stop (nothing is written after it).
+    """
+    if batch is None:
+        return
+    if batch.bad:
+        path, why = batch.bad[0]
+        raise UserError(f"unreadable image {path} ({why}) in the batch of step {step}; stopped before the step, "
+                        f"last good checkpoint: {last_good()}; fix or remove the file and resume with --resume, "
+                        "or resume with --skip-bad-images to replace it")
+    for path, why in batch.replaced:
+        counters["bad_images"] += 1
+        warn("bad_image", f"unreadable image {path} ({why}) in step {step}; replaced by another sample "
+                          f"({counters['bad_images']} so far)")
