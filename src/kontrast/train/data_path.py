@@ -56,6 +56,12 @@ def _total_memory(device: torch.device) -> int:
     return ram
 
 
+def _size(n: float) -> str:
+    """Bytes in words: ``"36.0 KiB"``, ``"23.5 GiB"``."""
+    unit = next(u for u, p in (("GiB", 30), ("MiB", 20), ("KiB", 10), ("B", 0)) if n >= 2**p or p == 0)
+    return f"{n / 2 ** dict(GiB=30, MiB=20, KiB=10, B=0)[unit]:.1f} {unit}"
+
+
 def choose_mode(cfg: Config, device: torch.device) -> tuple[Config, str]:
     """``cfg`` with ``data.mode`` decided (never ``auto``), and the reason in words for the start-up line."""
     dc = cfg.data
@@ -73,8 +79,8 @@ def choose_mode(cfg: Config, device: torch.device) -> tuple[Config, str]:
     n = min(n, dc.limit) if dc.limit else n
     need, budget = n * 3 * dc.size * dc.size, dc.memory_budget * _total_memory(device)
     verdict = "fits" if need <= budget else "is over"
-    why = (f"auto: {need / 2**20:.1f} MiB decoded at {dc.size} px {verdict} data.memory_budget "
-           f"({dc.memory_budget:g} of {_total_memory(device) / 2**30:.1f} GiB)")
+    why = (f"auto: {_size(need)} decoded at {dc.size} px {verdict} data.memory_budget "
+           f"({dc.memory_budget:g} of {_size(_total_memory(device))})")
     return replace(cfg, data=replace(dc, mode="memory" if need <= budget else "stream")), why
 
 
