@@ -168,3 +168,13 @@ def test_auto_mode_keeps_memory_while_the_set_fits_its_budget(folder, tmp_path):
     assert chosen("shapes:64")[0] == "memory" and chosen("shapes:64", mode="stream")[0] == "stream"
     with pytest.raises(UserError, match="data.mode=stream reads an ImageFolder directory or tar shards"):
         open_stream("shapes:64")
+
+
+def test_shards_on_the_memory_path_and_relative_patterns(folder, tmp_path, monkeypatch):
+    from kontrast.data.sources import absolute_source
+
+    write_folder_shards(folder, tmp_path / "shards", per_shard=10)
+    with pytest.raises(UserError, match="only the streaming path reads; use data.mode=stream"):
+        choose_mode(replace(Config(), data=DataConfig(source=str(tmp_path / "shards"), mode="memory")), CPU)
+    monkeypatch.chdir(tmp_path)
+    assert absolute_source("shards/train-{000000..000002}.tar") == f"{tmp_path}/shards/train-{{000000..000002}}.tar"

@@ -166,3 +166,28 @@ def test_a_bad_file_mid_epoch_stops_strictly_or_is_replaced_deterministically(tm
     warnings = [json.loads(line) for line in (whole / "metrics.jsonl").read_text().splitlines() if "warning" in line]
     assert [w["warning"] for w in warnings] == ["bad_image"] * EPOCHS and str(bad) in warnings[0]["message"]
     shutil.rmtree(photos)
+
+
+def test_two_processes_read_only_their_own_samples_and_equal_one(folder, tmp_path):
+    """--nproc 2 on the streaming path: each rank decodes only its half of every global batch (traced), and the
+    run equals one process on the global batch (fp32 rounding)."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    env.pop("WORLD_SIZE", None)
+    runs = {}
+    for nproc in (1, 2):
+        out, trace = tmp_path / f"p{nproc}", tmp_path / f"p{nproc}.trace"
+        args = [*train_args(folder, out, "--set", "data.workers=0", "--epochs", "1"), "--nproc", str(nproc)]
+        done = subprocess.run([sys.executable, "-m", "kontrast.cli", *args], capture_output=True, text=True,
+                              env={**env, "KONTRAST_FAULTS": f"trace={trace}"}, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        runs[nproc] = (out, [json.loads(line) for line in trace.read_text().splitlines()])
+    records = runs[2][1]
+    for step, idx in enumerate(batch_indices(N, BATCH, 0, 0), 1):
+        halves = [r["indices"] for r in records if r["step"] == step]
+        assert len(halves) == 2 and all(len(h) == BATCH // 2 for h in halves)
+        assert sorted(halves[0] + halves[1]) == sorted(idx.tolist()) and not set(halves[0]) & set(halves[1])
+    losses = [[json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+              for out, _ in runs.values()]
+    assert losses[0] == pytest.approx(losses[1], abs=1e-5, rel=5e-6)
+    one, two = (load_file(str(out / "checkpoints" / "step-00000003" / "model.safetensors")) for out, _ in runs.values())
+    assert max(float((one[k].double() - two[k].double()).abs().max()) for k in one if one[k].is_floating_point()) <= 1e-5

@@ -10,7 +10,8 @@ DataLoader's workers decode (:mod:`kontrast.data.stream_decode`); each view's cr
 A sample whose bytes fail to decode mid-epoch (what the header pass cannot see) comes back marked: under
 strict handling the batch carries ``bad`` and the training loop stops before the step; with ``skip_bad_images``
 it is replaced by another sample drawn from (seed, epoch, sample) (:func:`replacement`), decoded with the
-bad sample's own crop keys and kept under its number, and the batch lists it in ``replaced``.
+bad sample's own crop keys and kept under its number, and the batch lists it in ``replaced``. A worker never
+raises for a bad file (its traceback would reach the user): it marks the sample, and the loop says what is wrong.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from kontrast.augment.views import ViewSpec
 from kontrast.data.batches import batch_indices
 from kontrast.data.stream_decode import decode_views
 from kontrast.data.stream_source import StreamSource
-from kontrast.errors import UserError
 
 MAX_REPLACEMENTS = 16  # tries for a readable stand-in before the run stops
 
@@ -83,8 +83,7 @@ class StreamViews(Dataset):
             views = self._decode(j, i, key)
             if not isinstance(views, str):
                 return StreamItem(i, views, bad, j)
-        raise UserError(f"{bad[0]} is unreadable ({bad[1]}) and so were its {MAX_REPLACEMENTS} stand-ins; "
-                        "check the data")
+        return StreamItem(i, None, (bad[0], f"{bad[1]}; and its {MAX_REPLACEMENTS} stand-ins were unreadable too"))
 
     def _decode(self, file: int, sample: int, key: int) -> list[torch.Tensor] | str:
         data = self.source.read(file)

@@ -65,6 +65,9 @@ def _size(n: float) -> str:
 def choose_mode(cfg: Config, device: torch.device) -> tuple[Config, str]:
     """``cfg`` with ``data.mode`` decided (never ``auto``), and the reason in words for the start-up line."""
     dc = cfg.data
+    if dc.mode == "memory" and is_shard_spec(dc.source):
+        raise UserError(f"{dc.source} names tar shards, which only the streaming path reads; use data.mode=stream "
+                        "(or auto)")
     if dc.mode == "memory":
         return cfg, "data.mode=memory"
     if is_shard_spec(dc.source):
