@@ -164,17 +164,23 @@ def test_auto_mode_keeps_memory_while_the_set_fits_its_budget(folder, tmp_path):
     mode, why = chosen(folder)
     assert mode == "memory" and why.startswith("auto: 18.0 KiB decoded at 16 px fits data.memory_budget (0.25 of ")
     assert chosen(folder, memory_budget=1e-12)[0] == "stream"
-    assert chosen(tmp_path / "shards") == ("stream", "auto: tar shards are streamed")
+    assert chosen(tmp_path / "shards")[0] == "memory" and chosen(tmp_path / "shards", memory_budget=1e-12)[0] == "stream"
+    assert chosen(tmp_path / "shards", mode="memory") == ("memory", "data.mode=memory")
     assert chosen("shapes:64")[0] == "memory" and chosen("shapes:64", mode="stream")[0] == "stream"
     with pytest.raises(UserError, match="data.mode=stream reads an ImageFolder directory or tar shards"):
         open_stream("shapes:64")
 
 
-def test_shards_on_the_memory_path_and_relative_patterns(folder, tmp_path, monkeypatch):
+def test_shards_load_into_memory_as_their_folder_does_and_patterns_stay_absolute(folder, tmp_path, monkeypatch):
+    from kontrast.data import load_images
     from kontrast.data.sources import absolute_source
 
     write_folder_shards(folder, tmp_path / "shards", per_shard=10)
-    with pytest.raises(UserError, match="only the streaming path reads; use data.mode=stream"):
-        choose_mode(replace(Config(), data=DataConfig(source=str(tmp_path / "shards"), mode="memory")), CPU)
+    for split in ("train", "test"):
+        a = load_images(folder, split, size=16, cache_dir=tmp_path / "cache")
+        b = load_images(tmp_path / "shards", split, size=16, cache_dir=tmp_path / "cache")
+        assert torch.equal(a.x, b.x) and torch.equal(a.labels, b.labels) and a.paths == b.paths
+    pattern = load_images(str(tmp_path / "shards" / "train-{000000..000002}.tar"), size=16, cache_dir=tmp_path / "c")
+    assert torch.equal(pattern.x, load_images(folder, size=16, cache_dir=tmp_path / "cache").x)
     monkeypatch.chdir(tmp_path)
     assert absolute_source("shards/train-{000000..000002}.tar") == f"{tmp_path}/shards/train-{{000000..000002}}.tar"

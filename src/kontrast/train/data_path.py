@@ -6,9 +6,9 @@ device whole, views cut from it); ``stream`` reads an ImageFolder tree or tar sh
 views' random resized crops taken from the full image (:mod:`kontrast.data.stream_dataset`), the rest of the
 recipe applied on the device. ``auto`` (the default) keeps the memory path when the decoded set at
 ``data.size`` fits ``data.memory_budget`` (a fraction of RAM, and of the device's memory on a GPU), and
-streams otherwise; shards always stream (the memory path does not read them), sources that only the memory
-path reads (archives, CIFAR pickles, built-in and paired sets) never do. The choice is written into the run's
-config, so a resume takes the same path whatever the machine.
+streams otherwise (folders and shards; :mod:`kontrast.data.shard_memory` reads shards into memory); sources
+that only the memory path reads (archives, CIFAR pickles, built-in and paired sets) never stream. The choice
+is written into the run's config, so a resume takes the same path whatever the machine.
 
 Both paths order the data the same way (the global permutation of (seed, epoch)) and key every view by
 (seed, epoch, sample, view), so the stream path resumes mid-epoch bit for bit, with any number of workers.
@@ -17,6 +17,7 @@ Both paths order the data the same way (the global permutation of (seed, epoch))
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
@@ -26,6 +27,7 @@ from torch.utils.data import DataLoader
 from kontrast.config import Config
 from kontrast.data import batch_indices, load_images
 from kontrast.data.layout import list_files, plan_layout
+from kontrast.data.shard_index import open_shards
 from kontrast.data.stream_dataset import RunBatches, StreamBatch, StreamViews, ViewCollate
 from kontrast.data.stream_source import StreamSource, is_folder_spec, is_shard_spec, open_stream
 from kontrast.errors import UserError
@@ -65,26 +67,30 @@ def _size(n: float) -> str:
 def choose_mode(cfg: Config, device: torch.device) -> tuple[Config, str]:
     """``cfg`` with ``data.mode`` decided (never ``auto``), and the reason in words for the start-up line."""
     dc = cfg.data
-    if dc.mode == "memory" and is_shard_spec(dc.source):
-        raise UserError(f"{dc.source} names tar shards, which only the streaming path reads; use data.mode=stream "
-                        "(or auto)")
-    if dc.mode == "memory":
-        return cfg, "data.mode=memory"
-    if is_shard_spec(dc.source):
-        why = "data.mode=stream" if dc.mode == "stream" else "auto: tar shards are streamed"
-        return replace(cfg, data=replace(dc, mode="stream")), why
-    if dc.mode == "stream":
-        return cfg, "data.mode=stream"
-    if not is_folder_spec(dc.source):
+    if dc.mode != "auto":
+        return cfg, f"data.mode={dc.mode}"
+    if not (is_folder_spec(dc.source) or is_shard_spec(dc.source)):
         return replace(cfg, data=replace(dc, mode="memory")), "auto: this kind of source is read into memory"
-    plan = plan_layout(list_files(os.path.expanduser(dc.source)), dc.source).splits.get("train")
-    n = len(plan.paths) if plan is not None else 0
+    n = _train_count(dc)
     n = min(n, dc.limit) if dc.limit else n
     need, budget = n * 3 * dc.size * dc.size, dc.memory_budget * _total_memory(device)
     verdict = "fits" if need <= budget else "is over"
     why = (f"auto: {_size(need)} decoded at {dc.size} px {verdict} data.memory_budget "
            f"({dc.memory_budget:g} of {_size(_total_memory(device))})")
     return replace(cfg, data=replace(dc, mode="memory" if need <= budget else "stream")), why
+
+
+def _train_count(dc) -> int:
+    """Training images in a folder (its layout plan) or a set of shards (its index; bad images are reported later)."""
+    if is_shard_spec(dc.source):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                return len(open_shards(dc.source, cache_dir=dc.cache_dir, skip_bad_images=True))
+            except UserError:
+                return 0  # (no readable image) the load says why
+    plan = plan_layout(list_files(os.path.expanduser(dc.source)), dc.source).splits.get("train")
+    return len(plan.paths) if plan is not None else 0
 
 
 def load_train_data(cfg: Config, device: torch.device, why: str) -> TrainData:
