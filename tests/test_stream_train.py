@@ -192,3 +192,19 @@ def test_two_processes_read_only_their_own_samples_and_equal_one(folder, tmp_pat
     assert losses[0] == pytest.approx(losses[1], abs=1e-5, rel=5e-6)
     one, two = (load_file(str(out / "checkpoints" / "step-00000003" / "model.safetensors")) for out, _ in runs.values())
     assert max(float((one[k].double() - two[k].double()).abs().max()) for k in one if one[k].is_floating_point()) <= 1e-5
+
+
+def test_the_knn_monitor_runs_on_a_streamed_shard_folder(folder, tmp_path, monkeypatch, capsys):
+    """Indexed shards (train + test): the monitor's bank is the training set decoded whole (at most knn_max_train),
+    scored against the test shards; a pattern without an index has no test split, and says so."""
+    write_folder_shards(folder, tmp_path / "shards", per_shard=20)
+    out = tmp_path / "run"
+    assert in_process(train_args(tmp_path / "shards", out, "--set", "train.knn_every=1", "--set",
+                                 "train.knn_max_train=30", "--set", "data.workers=0"), monkeypatch) == 0
+    knn = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "knn_top1" in line]
+    assert [r["epoch"] for r in knn] == [0, 1, 2] and all(0 <= r["knn_top1"] <= 1 for r in knn)
+    pattern = str(tmp_path / "shards" / "train-{000000..000002}.tar")
+    capsys.readouterr()
+    assert in_process(train_args(pattern, tmp_path / "p", "--set", "train.knn_every=1", "--epochs", "1"),
+                      monkeypatch) == 0
+    assert "note: no kNN monitor: " in capsys.readouterr().err

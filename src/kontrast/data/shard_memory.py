@@ -18,6 +18,7 @@ import torch
 from kontrast.data.decode import decode_blobs, report_bad_images
 from kontrast.data.samples import Samples, SourceKind
 from kontrast.data.shard_index import open_shards, read_sample
+from kontrast.data.shard_writer import INDEX_NAME
 from kontrast.data.stream_source import is_shard_spec
 from kontrast.errors import UserError
 from kontrast.registry import SOURCES
@@ -28,6 +29,11 @@ def load_shards(source: str | os.PathLike, split: str, *, size: int, cache_dir: 
     """One split of a set of shards as uint8 ``[N, 3, size, size]``; a sample that fails to decode is named
     with the others (UserError) or left out with a warning (``skip_bad_images``)."""
     where = os.fspath(source)
+    folder = Path(where).expanduser()
+    if split == "test" and not (folder / INDEX_NAME).is_file():
+        raise UserError(f"{where} names shards without an {INDEX_NAME}: they hold one split, read as train; kNN and "
+                        "linear scores need a test split: write the folder with `kontrast shards` (train and test "
+                        "shards, index.json) and pass that folder")
     index = open_shards(where, split=split, cache_dir=cache_dir, skip_bad_images=skip_bad_images)
     images, bad = decode_blobs(((str(i), read_sample(index, i)[0]) for i in range(len(index))), size)
     if bad:

@@ -29,10 +29,11 @@ import torch
 from PIL import Image
 
 from kontrast.data.cifar import find_cifar_folder
-from kontrast.data.decode import read_regular_file, report_bad_images
+from kontrast.data.decode import decode_blobs, read_regular_file, report_bad_images
 from kontrast.data.folder_index import check_folder_headers
 from kontrast.data.layout import HOLDOUT_EVERY, list_files, plan_layout
 from kontrast.data.reader import unlabelled_test_error
+from kontrast.data.samples import Samples
 from kontrast.data.shard_index import ShardIndex, open_shards, read_sample
 from kontrast.data.shard_writer import INDEX_NAME
 from kontrast.errors import UserError
@@ -89,6 +90,15 @@ class StreamSource:
         sizes = self.sizes[keep.numpy()] if self.shards is None else self.sizes
         return replace(self, labels=None if self.labels is None else self.labels[keep], paths=files, sizes=sizes,
                        shards=shards)
+
+    def decoded(self, n: int, size: int, seed: int = 0) -> Samples:
+        """A fixed random ``n`` samples (all when ``n`` covers them) decoded whole at ``size`` by the memory path's
+        decoder (shorter side, centre crop), for what scores a training set (the kNN monitor); bad ones left out."""
+        part = self.subset(n, seed)
+        images, _ = decode_blobs(((str(i), _bytes(part.read(i))) for i in range(len(part))), size)
+        keep = [i for i in range(len(part)) if str(i) in images]
+        return Samples(torch.stack([images[str(i)] for i in keep]), None if part.labels is None else part.labels[keep],
+                       part.classes, part.name, [part.paths[i] for i in keep], layout=part.layout)
 
     def read(self, i: int) -> bytes | str:
         """Sample ``i``'s file bytes as stored, or why they cannot be read now."""
@@ -172,6 +182,11 @@ def _index_rows(index: ShardIndex, rows: np.ndarray) -> ShardIndex:
     return replace(index, shard_of=index.shard_of[rows], offsets=index.offsets[rows], sizes=index.sizes[rows],
                    labels=None if index.labels is None else index.labels[rows],
                    keys=[index.keys[i] for i in rows], paths=[index.paths[i] for i in rows])
+
+
+def _bytes(data: bytes | str) -> bytes:
+    """A file's bytes, or none when it could not be read (the decoder then reports it as empty)."""
+    return b"" if isinstance(data, str) else data
 
 
 def _header_size(data: bytes | str) -> list[int] | None:
