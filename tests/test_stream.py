@@ -184,3 +184,21 @@ def test_shards_load_into_memory_as_their_folder_does_and_patterns_stay_absolute
     assert torch.equal(pattern.x, load_images(folder, size=16, cache_dir=tmp_path / "cache").x)
     monkeypatch.chdir(tmp_path)
     assert absolute_source("shards/train-{000000..000002}.tar") == f"{tmp_path}/shards/train-{{000000..000002}}.tar"
+
+
+def test_what_counts_as_shards(folder, tmp_path):
+    from kontrast.data.stream_source import is_folder_spec, is_shard_spec
+
+    write_folder_shards(folder, tmp_path / "indexed", per_shard=10)
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    for tar in (tmp_path / "indexed").glob("train-*.tar"):
+        (loose / tar.name).write_bytes(tar.read_bytes())
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    (photos / "a.png").write_bytes(_smooth_image(8, 8, "PNG"))
+    (photos / "old.tar").write_bytes(b"")
+    assert is_shard_spec(str(tmp_path / "indexed")) and is_shard_spec(str(loose))
+    assert is_shard_spec("x/train-{0..3}.tar") and not is_shard_spec(str(photos)) and not is_shard_spec(str(folder))
+    assert is_folder_spec(str(photos)) and is_folder_spec(str(folder)) and not is_folder_spec(str(loose))
+    assert len(open_stream(loose)) == 24

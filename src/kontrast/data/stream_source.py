@@ -12,6 +12,12 @@ Sources it reads (:func:`is_shard_spec` tells shards from a folder):
 * shards: a folder written by ``kontrast shards`` (with ``index.json``), a folder of ``.tar`` files, or a
   brace pattern ``"shards/train-{000000..000127}.tar"`` (WebDataset's convention).
 
+The ``webdataset`` package's reader is not used (the files follow its convention, so it reads them): it is
+an IterableDataset that streams each shard in order through a shuffle buffer, so it cannot fetch sample ``i``,
+and with it neither the global permutation of (seed, epoch) nor a resume at a given sample would hold. The
+index gives each sample with one seek; PIL decodes (:mod:`kontrast.data.stream_decode`), torch's DataLoader runs
+the workers.
+
 Both pass every image's header once at start-up (folders: :mod:`kontrast.data.folder_index`; shards: the
 index pass), so bad files are named before training, as the memory path does; what a header cannot show
 is found when the image is decoded (:mod:`kontrast.data.stream_decode`).
@@ -31,7 +37,7 @@ from PIL import Image
 from kontrast.data.cifar import find_cifar_folder
 from kontrast.data.decode import decode_blobs, read_regular_file, report_bad_images
 from kontrast.data.folder_index import check_folder_headers
-from kontrast.data.layout import HOLDOUT_EVERY, list_files, plan_layout
+from kontrast.data.layout import HOLDOUT_EVERY, is_image_path, list_files, plan_layout
 from kontrast.data.reader import unlabelled_test_error
 from kontrast.data.samples import Samples
 from kontrast.data.shard_index import ShardIndex, open_shards, read_sample
@@ -42,13 +48,17 @@ RANGE_SAMPLE = 256  # shards: headers read (evenly spread) for the start-up line
 
 
 def is_shard_spec(source: str) -> bool:
-    """Shards: a brace pattern or ``.tar`` path holding ``{``, a folder with ``index.json``, or a folder of ``.tar`` only."""
+    """Shards: a brace pattern of ``.tar`` files, a folder with ``index.json``, or a folder of ``.tar`` files and no
+    images or sub-folders (a photo folder holding a stray ``.tar`` stays a photo folder)."""
     path = Path(source).expanduser()
     if "{" in source and ".tar" in source:
         return True
-    if path.is_dir():
-        return (path / INDEX_NAME).is_file() or (any(path.glob("*.tar")) and not any(p.is_dir() for p in path.iterdir()))
-    return False
+    if not path.is_dir():
+        return False
+    if (path / INDEX_NAME).is_file():
+        return True
+    entries = list(path.iterdir())
+    return any(p.suffix == ".tar" for p in entries) and not any(p.is_dir() or is_image_path(p.name) for p in entries)
 
 
 def is_folder_spec(source: str) -> bool:
