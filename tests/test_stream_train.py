@@ -24,6 +24,7 @@ from safetensors.torch import load_file
 from kontrast.cli import main
 from kontrast.data import batch_indices, write_folder_shards, write_shapes_files
 from kontrast.data.stream_source import open_stream
+from kontrast.methods import METHODS
 
 N, BATCH, EPOCHS = 48, 16, 2
 STEPS = EPOCHS * N // BATCH
@@ -208,3 +209,18 @@ def test_the_knn_monitor_runs_on_a_streamed_shard_folder(folder, tmp_path, monke
     assert in_process(train_args(pattern, tmp_path / "p", "--set", "train.knn_every=1", "--epochs", "1"),
                       monkeypatch) == 0
     assert "note: no kNN monitor: " in capsys.readouterr().err
+
+
+IMAGE_METHODS = [name for name in METHODS.names() if name != "cpc"]  # cpc trains on sequences, never streamed
+
+
+@pytest.mark.parametrize("name", IMAGE_METHODS)
+def test_every_image_method_trains_on_the_streaming_path(name, folder, tmp_path, monkeypatch, capsys):
+    """One epoch (3 steps) per registered image method: multi-crop (swav, dino: views of two sizes cropped at
+    decode time), CLIP's captions from the folder's labels, InstDisc's memory bank by sample number."""
+    size = "32" if name in ("amdim", "yadim", "cpc_v2") else "16"  # their encoders and patch grids need 32 px
+    args = train_args(folder, tmp_path / "run", "--method", name, "--epochs", "1", "--set", f"data.size={size}",
+                      "--set", "data.workers=0")
+    assert in_process(args, monkeypatch) == 0
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert summary["steps"] == 3 and np.isfinite(summary["final_loss"])
