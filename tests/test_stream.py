@@ -18,7 +18,7 @@ from kontrast.config import Config, DataConfig
 from kontrast.data import batch_indices, write_folder_shards, write_shapes_files
 from kontrast.data import stream_decode
 from kontrast.data.stream_dataset import RunBatches, StreamViews, ViewCollate, replacement
-from kontrast.data.stream_decode import crop_boxes, decode_views, draft_factor
+from kontrast.data.stream_decode import batch_crop_boxes, crop_boxes, decode_views, draft_factor
 from kontrast.data.stream_source import open_stream
 from kontrast.errors import UserError
 from kontrast.train.data_path import choose_mode
@@ -69,6 +69,21 @@ def test_decode_time_crop_is_the_box_the_device_draws_on_the_full_image():
         device_crop = ops.resized_crop(full, boxes[1:2], spec.size)[0]  # [3, 12, 12] in [0, 1]
         assert views[v].shape == (3, 12, 12) and views[v].dtype == torch.uint8
         assert (to_float(views[v]) - device_crop).abs().mean() < 1.5 / 255  # measured 0.3-0.4; a misplaced box: tens
+
+
+@pytest.mark.parametrize("recipe", ["simclr_cifar", "swav_multicrop", "amdim_cifar", "clip"])
+def test_a_batch_of_boxes_is_each_samples_own_boxes_bit_for_bit(recipe):
+    """The workers draw a batch's boxes in one pass; each equals the sample's own (= the device's) draw, for any
+    image size, including the central-crop fallback of images far outside the ratio range (1 px tall or wide)."""
+    g = torch.Generator().manual_seed(0)
+    specs = recipe_views(recipe, 32)
+    samples = torch.randint(0, 10**6, (48,), generator=g)
+    heights, widths = torch.randint(1, 3000, (48,), generator=g), torch.randint(1, 3000, (48,), generator=g)
+    heights[:4], widths[4:8] = 1, 2
+    key = derive_key("augment", 5, 1)
+    batch = batch_crop_boxes(key, samples, heights, widths, specs)  # [48, V, 4]
+    for b in range(48):
+        assert torch.equal(batch[b], crop_boxes(key, int(samples[b]), int(heights[b]), int(widths[b]), specs))
 
 
 def test_jpeg_draft_mode_decodes_small_crops_at_reduced_scale_with_the_same_picture(monkeypatch):

@@ -26,7 +26,7 @@ from torch.utils.data import Dataset, Sampler
 from kontrast.augment.rng import derive_key
 from kontrast.augment.views import ViewSpec
 from kontrast.data.batches import batch_indices
-from kontrast.data.stream_decode import decode_views
+from kontrast.data.stream_decode import batch_crop_boxes, decode_crops, decode_views, image_size
 from kontrast.data.stream_source import StreamSource
 
 MAX_REPLACEMENTS = 16  # tries for a readable stand-in before the run stops
@@ -70,24 +70,42 @@ class StreamViews(Dataset):
         return len(self.source)
 
     def __getitem__(self, item: tuple[int, int]) -> StreamItem:
-        epoch, i = item
-        key = derive_key("augment", self.seed, epoch)  # the epoch key of the device-side views
-        views = self._decode(i, i, key)
-        if not isinstance(views, str):
-            return StreamItem(i, views)
-        bad = (self.source.locate(i), views)
+        return self.__getitems__([item])[0]
+
+    def __getitems__(self, items: list[tuple[int, int]]) -> list[StreamItem]:
+        """A batch at once (the DataLoader's batched fetch): the crop boxes of every readable sample are drawn in
+        one pass (:func:`batch_crop_boxes`), then each image is decoded at its boxes."""
+        datas = [self.source.read(i) for _, i in items]
+        sizes = [d if isinstance(d, str) else image_size(d) for d in datas]  # (width, height) or why not
+        boxes: dict[int, torch.Tensor] = {}  # position in items -> float [V, 4]
+        for epoch in sorted({e for e, _ in items}):
+            good = [k for k, (e, _) in enumerate(items) if e == epoch and not isinstance(sizes[k], str)]
+            if good:
+                drawn = batch_crop_boxes(self._key(epoch), torch.tensor([items[k][1] for k in good]),
+                                         torch.tensor([sizes[k][1] for k in good]),
+                                         torch.tensor([sizes[k][0] for k in good]), self.specs)  # [b, V, 4]
+                boxes.update(zip(good, drawn))
+        out = []
+        for k, (epoch, i) in enumerate(items):
+            views = sizes[k] if k not in boxes else decode_crops(datas[k], boxes[k], self.specs)
+            out.append(StreamItem(i, views) if not isinstance(views, str) else self._bad(epoch, i, views))
+        return out
+
+    def _key(self, epoch: int) -> int:
+        return derive_key("augment", self.seed, epoch)  # the epoch key of the device-side views
+
+    def _bad(self, epoch: int, i: int, why: str) -> StreamItem:
+        """Sample ``i`` failed: marked (strict), or replaced by a readable stand-in with its own crop keys (skip)."""
+        bad = (self.source.locate(i), why)
         if not self.skip_bad:
             return StreamItem(i, None, bad)
         for attempt in range(MAX_REPLACEMENTS):
             j = replacement(self.seed, epoch, i, attempt, len(self.source))
-            views = self._decode(j, i, key)
+            data = self.source.read(j)
+            views = data if isinstance(data, str) else decode_views(data, self._key(epoch), i, self.specs)
             if not isinstance(views, str):
                 return StreamItem(i, views, bad, j)
         return StreamItem(i, None, (bad[0], f"{bad[1]}; and its {MAX_REPLACEMENTS} stand-ins were unreadable too"))
-
-    def _decode(self, file: int, sample: int, key: int) -> list[torch.Tensor] | str:
-        data = self.source.read(file)
-        return data if isinstance(data, str) else decode_views(data, key, sample, self.specs)
 
 
 def collate_views(items: list[StreamItem], specs: Sequence[ViewSpec]) -> StreamBatch:
