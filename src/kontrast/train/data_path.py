@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import torch
@@ -129,19 +129,20 @@ def epoch_batches(train: TrainData, cfg: Config, specs: tuple, start: int, rank:
         yield step // steps_per_epoch, step % steps_per_epoch, batch.indices, batch
 
 
-def check_batch(batch: StreamBatch | None, step: int, counters: dict, last_good: Callable[[], str], warn) -> None:
-    """Before step ``step``: stop on an unreadable sample (strict), or count the ones replaced (skip).
-
-    ``last_good()``: the newest complete checkpoint, named in the strict stop (nothing is written after it).
-    """
+def check_batch(batch: StreamBatch | None, step: int, counters: dict, warn) -> tuple[str, str] | None:
+    """Before step ``step``: ``(file, reason)`` of an unreadable sample (strict: the loop stops), else None; the
+    samples replaced under ``skip_bad_images`` are counted and warned about."""
     if batch is None:
-        return
-    if batch.bad:
-        path, why = batch.bad[0]
-        raise UserError(f"unreadable image {path} ({why}) in the batch of step {step}; stopped before the step, "
-                        f"last good checkpoint: {last_good()}; fix or remove the file and resume with --resume, "
-                        "or resume with --skip-bad-images to replace it")
+        return None
     for path, why in batch.replaced:
         counters["bad_images"] += 1
         warn("bad_image", f"unreadable image {path} ({why}) in step {step}; replaced by another sample "
                           f"({counters['bad_images']} so far)")
+    return batch.bad[0] if batch.bad else None
+
+
+def bad_image_error(bad: tuple[str, str], step: int, checkpoint) -> UserError:
+    """The one line of a strict stop on an unreadable image met mid-epoch."""
+    return UserError(f"unreadable image {bad[0]} ({bad[1]}) in the batch of step {step}; stopped before the step, "
+                     f"last good checkpoint: {checkpoint or 'none'}; fix or remove the file and resume with --resume, "
+                     "or resume with --skip-bad-images to replace it")

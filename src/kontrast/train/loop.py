@@ -32,7 +32,7 @@ from kontrast.errors import Interrupted, UserError
 from kontrast.methods.base import Progress, Ranks
 from kontrast.precision import choose_precision
 from kontrast.train import distributed
-from kontrast.train.data_path import TrainData, check_batch, choose_mode, epoch_batches, load_train_data
+from kontrast.train.data_path import TrainData, bad_image_error, check_batch, choose_mode, epoch_batches, load_train_data
 from kontrast.methods.build import check_inputs, create_method, view_specs
 from kontrast.train.faults import NoFaults
 from kontrast.train.guards import CollapseMonitor, NonFiniteGuard, SignalStop, floating_state, nonfinite
@@ -210,7 +210,12 @@ def _fit(cfg: Config, run_dir: Path, resume: bool, overwrite: bool, progress: bo
             for epoch, i, idx, batch in batches:
                 if epoch not in keyed:
                     keyed = {epoch: key_tensor(derive_key("augment", tc.seed, epoch), ctx.device)}
-                check_batch(batch, step + 1, counters, lambda: str(latest_checkpoint(run_dir) or "none"), warn)
+                bad = check_batch(batch, step + 1, counters, warn)
+                if bad:  # strict: the state before this batch is good; keep it (one process: ranks would wait)
+                    done = latest_checkpoint(run_dir)
+                    if ranks.world == 1 and step > start_step and (done is None or done.name != f"step-{step:08d}"):
+                        done = save()
+                    raise bad_image_error(bad, step + 1, done)
                 result = train_step(ctx, idx, keyed[epoch], schedule.progress(step, epoch), batch=batch)
                 step += 1
                 n_window += tc.batch_size
