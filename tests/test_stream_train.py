@@ -225,3 +225,19 @@ def test_every_image_method_trains_on_the_streaming_path(name, folder, tmp_path,
     assert in_process(args, monkeypatch) == 0
     summary = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert summary["steps"] == 3 and np.isfinite(summary["final_loss"])
+
+
+def test_a_signal_to_the_whole_process_group_with_workers_still_checkpoints_and_resumes(folder, reference, tmp_path):
+    """Ctrl-C in a terminal or a scheduler's SIGTERM reaches the DataLoader workers too: they ignore it and the
+    training process stops as without workers (step finished, checkpoint, exit 143), then resumes bit for bit."""
+    args = train_args(folder, tmp_path / "run", "--set", "data.workers=2")
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    stopped = subprocess.run([sys.executable, "-m", "kontrast.cli", *args], capture_output=True, text=True,
+                             env={**env, "KONTRAST_FAULTS": "signal_after_step=4,signal_group=1"},
+                             start_new_session=True, timeout=300)  # its own group: the signal stays in it
+    assert stopped.returncode == 143, stopped.stderr
+    assert stopped.stderr.strip().splitlines()[-1].startswith("stopped: SIGTERM after step 4 of 6; checkpoint ")
+    resumed = subprocess.run([sys.executable, "-m", "kontrast.cli", *args, "--resume"], capture_output=True,
+                             text=True, env=env, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_run(tmp_path / "run", reference)

@@ -17,6 +17,7 @@ Both paths order the data the same way (the global permutation of (seed, epoch))
 from __future__ import annotations
 
 import os
+import signal
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -124,9 +125,18 @@ def epoch_batches(train: TrainData, cfg: Config, specs: tuple, start: int, rank:
     workers = cfg.data.workers
     loader = DataLoader(StreamViews(train.stream, specs, tc.seed, cfg.data.skip_bad_images), batch_sampler=sampler,
                         num_workers=workers, collate_fn=ViewCollate(specs), pin_memory=device.type == "cuda",
-                        prefetch_factor=2 if workers else None, generator=torch.Generator().manual_seed(tc.seed))
+                        prefetch_factor=2 if workers else None, generator=torch.Generator().manual_seed(tc.seed),
+                        worker_init_fn=ignore_stop_signals)
     for step, batch in enumerate(loader, start):
         yield step // steps_per_epoch, step % steps_per_epoch, batch.indices, batch
+
+
+def ignore_stop_signals(worker: int) -> None:
+    """In each decoding worker: SIGINT / SIGTERM sent to the whole process group (Ctrl-C, a scheduler) are the
+    training process's to handle (finish the step, checkpoint, exit 130 / 143); a worker dying of them would
+    end the run with a DataLoader error instead. The workers end with the training process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def check_batch(batch: StreamBatch | None, step: int, counters: dict, warn) -> tuple[str, str] | None:
