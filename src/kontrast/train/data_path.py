@@ -83,15 +83,15 @@ def choose_mode(cfg: Config, device: torch.device) -> tuple[Config, str]:
 
 def _train_count(dc) -> int:
     """Training images in a folder (its layout plan) or a set of shards (its index; bad images are reported later)."""
-    if is_shard_spec(dc.source):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                return len(open_shards(dc.source, cache_dir=dc.cache_dir, skip_bad_images=True))
-            except UserError:
-                return 0  # (no readable image) the load says why
-    plan = plan_layout(list_files(os.path.expanduser(dc.source)), dc.source).splits.get("train")
-    return len(plan.paths) if plan is not None else 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the load warns (loose files, bad images) once, after this count
+        if not is_shard_spec(dc.source):
+            plan = plan_layout(list_files(os.path.expanduser(dc.source)), dc.source).splits.get("train")
+            return len(plan.paths) if plan is not None else 0
+        try:
+            return len(open_shards(dc.source, cache_dir=dc.cache_dir, skip_bad_images=True))
+        except UserError:
+            return 0  # (no readable image) the load says why
 
 
 def load_train_data(cfg: Config, device: torch.device, why: str) -> TrainData:
