@@ -179,7 +179,8 @@ def test_auto_mode_keeps_memory_while_the_set_fits_its_budget(folder, tmp_path):
     mode, why = chosen(folder)
     assert mode == "memory" and why.startswith("auto: 18.0 KiB decoded at 16 px fits data.memory_budget (0.25 of ")
     assert chosen(folder, memory_budget=1e-12)[0] == "stream"
-    assert chosen(tmp_path / "shards")[0] == "memory" and chosen(tmp_path / "shards", memory_budget=1e-12)[0] == "stream"
+    assert chosen(tmp_path / "shards")[0] == "memory"
+    assert chosen(tmp_path / "shards", memory_budget=1e-12)[0] == "stream"
     assert chosen(tmp_path / "shards", mode="memory") == ("memory", "data.mode=memory")
     assert chosen("shapes:64")[0] == "memory" and chosen("shapes:64", mode="stream")[0] == "stream"
     with pytest.raises(UserError, match="data.mode=stream reads an ImageFolder directory or tar shards"):

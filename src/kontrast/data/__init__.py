@@ -12,7 +12,8 @@ moves to the device whole and augments in batches. The kinds of source are regis
 :data:`SOURCES` by the modules imported here; :func:`load_images` dispatches through it.
 """
 
-from kontrast.data import builtin, cifar, folder, pairs, shard_memory  # noqa: F401  (register shapes, sequences, cifar, folder, tar, pairs, shards)
+# registering shapes, sequences, cifar, folder, tar, pairs, shards:
+from kontrast.data import builtin, cifar, folder, pairs, shard_memory  # noqa: F401
 from kontrast.data.batches import batch_indices, epoch_permutation
 from kontrast.data.cache import cache_root
 from kontrast.data.samples import Samples, SourceKind

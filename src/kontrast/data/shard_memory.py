@@ -44,8 +44,9 @@ def load_shards(source: str | os.PathLike, split: str, *, size: int, cache_dir: 
     if not keep:
         raise UserError(f"no readable {split} images in {where}")
     labels = None if index.labels is None else torch.from_numpy(index.labels[keep])  # int64 [N]
-    return Samples(torch.stack([images[str(i)] for i in keep]), labels, list(index.classes) if labels is not None else [],
-                   f"{where} ({split})", [index.paths[i] for i in keep], layout="shards")
+    classes = list(index.classes) if labels is not None else []
+    return Samples(torch.stack([images[str(i)] for i in keep]), labels, classes, f"{where} ({split})",
+                   [index.paths[i] for i in keep], layout="shards")  # uint8 [N, 3, size, size]
 
 
 SOURCES.register("shards")(SourceKind(order=1, matches=is_shard_spec, load=load_shards))

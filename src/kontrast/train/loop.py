@@ -32,7 +32,8 @@ from kontrast.errors import Interrupted, UserError
 from kontrast.methods.base import Progress, Ranks
 from kontrast.precision import choose_precision
 from kontrast.train import distributed
-from kontrast.train.data_path import TrainData, bad_image_error, check_batch, choose_mode, epoch_batches, load_train_data
+from kontrast.train.data_path import (TrainData, bad_image_error, check_batch, choose_mode, epoch_batches,
+                                     load_train_data)
 from kontrast.methods.build import check_inputs, create_method, view_specs
 from kontrast.train.faults import NoFaults
 from kontrast.train.guards import CollapseMonitor, NonFiniteGuard, SignalStop, floating_state, nonfinite
@@ -78,8 +79,9 @@ def fit(cfg: Config, run_dir: str | Path, *, resume: bool = False, overwrite: bo
         distributed.close()
 
 
-def _setup(cfg: Config, faults: NoFaults, resume: bool = False, why: str = "") -> tuple[StepContext, Schedule, TrainData]:
-    """Data, method, views, optimizer and lr schedule of a run (nothing on disk yet); ``why``: the data path's reason."""
+def _setup(cfg: Config, faults: NoFaults, resume: bool = False,
+           why: str = "") -> tuple[StepContext, Schedule, TrainData]:
+    """Data, method, views, optimizer and lr schedule of a run (nothing on disk yet); ``why``: why this data path."""
     tc = cfg.train
     if tc.num_threads:
         torch.set_num_threads(tc.num_threads)
@@ -135,7 +137,8 @@ def _restore(ctx: StepContext, cfg: Config, schedule: Schedule, run_dir: Path) -
         raise UserError(f"checkpoint {ckpt} was written with {saved} steps per epoch, this run has "
                         f"{schedule.steps_per_epoch} (different data or batch size); resume with the run's own settings")
     set_rng_state(state["rng"], ctx.device)
-    return state["step"], {k: state[k] for k in ("skipped", "consecutive_skips", "collapse", "bad_images") if k in state}
+    counters = ("skipped", "consecutive_skips", "collapse", "bad_images")
+    return state["step"], {k: state[k] for k in counters if k in state}
 
 
 def absolute_paths(cfg: Config) -> Config:
