@@ -218,3 +218,27 @@ def test_what_counts_as_shards(folder, tmp_path):
     assert is_shard_spec("x/train-{0..3}.tar") and not is_shard_spec(str(photos)) and not is_shard_spec(str(folder))
     assert is_folder_spec(str(photos)) and is_folder_spec(str(folder)) and not is_folder_spec(str(loose))
     assert len(open_stream(loose)) == 24
+
+
+@pytest.mark.parametrize("mode", ["L", "CMYK", "P", "I;16", "RGBA"])
+def test_any_image_mode_comes_out_as_rgb_crops(mode):
+    """Grey, CMYK (JPEG, no draft to RGB), palette, 16-bit and alpha images: 3-channel uint8 crops of the picture
+    the memory path's converter (pil_to_rgb_array) makes of them."""
+    from kontrast.data.decode import pil_to_rgb_array
+
+    rgb = Image.open(io.BytesIO(_smooth_image(64, 48, "PNG")))
+    im = rgb.convert("L").convert("I;16") if mode == "I;16" else rgb.convert(mode)
+    buf = io.BytesIO()
+    im.save(buf, "JPEG" if mode in ("L", "CMYK") else "PNG", **({"quality": 95} if mode in ("L", "CMYK") else {}))
+    data = buf.getvalue()
+    specs = recipe_views("simclr_cifar", 16)
+    key = derive_key("augment", 0, 0)
+    views = decode_views(data, key, 3, specs)
+    reference = torch.from_numpy(pil_to_rgb_array(Image.open(io.BytesIO(data))).copy()).permute(2, 0, 1)  # [3, 48, 64]
+    boxes = crop_boxes(key, 3, 48, 64, specs)
+    for view, box in zip(views, boxes):
+        assert view.shape == (3, 16, 16) and view.dtype == torch.uint8
+        expected = ops.resized_crop(to_float(reference[None]), box[None], 16)[0]
+        assert (to_float(view) - expected).abs().mean() < 2 / 255
+        if mode in ("L", "I;16"):
+            assert torch.equal(view[0], view[1]) and torch.equal(view[1], view[2])
