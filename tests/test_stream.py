@@ -150,7 +150,8 @@ def test_a_folder_and_its_shards_stream_the_same_samples(folder, tmp_path):
     line = from_folder.summary(16, 2, "data.mode=stream")
     assert line.startswith("data: streaming 24 training images from ") and "labelled, 10 classes" in line
     assert "source 40x40 px, cropped at decode time to 16x16 px in 2 worker(s)" in line
-    assert "source 40x40 px (headers of 24 samples)" in from_shards.summary(16, 2, "")
+    assert "10 classes; the train shards; source 40x40 px (headers of 24 samples)" in from_shards.summary(16, 2, "")
+    assert "; every sample of the shards named; " in pattern.summary(16, 2, "")
     sub = from_shards.subset(10, seed=1)
     assert len(sub) == 10 and sub.paths == from_folder.subset(10, seed=1).paths
     assert sub.read(3) == from_folder.read(from_folder.paths.index(sub.paths[3]))

@@ -140,8 +140,10 @@ class StreamSource:
     def summary(self, size: int, workers: int, why: str) -> str:
         """The run's start-up line: path, count, labels, source resolutions, training resolution."""
         kind = f"labelled, {len(self.classes)} classes" if self.labels is not None else "unlabelled"
+        indexed = (Path(self.where).expanduser() / INDEX_NAME).is_file()
         held = {"holdout": f"every {HOLDOUT_EVERY}th image of each class held out for `kontrast eval`",
-                "splits": "the train split", "flat": "nothing held out", "shards": "shards"}.get(self.layout, "")
+                "splits": "the train split", "flat": "nothing held out",
+                "shards": "the train shards" if indexed else "every sample of the shards named"}.get(self.layout, "")
         return (f"data: streaming {len(self)} training images from {self.name}; {kind}; {held}; source "
                 f"{self.resolution_range()}, cropped at decode time to {size}x{size} px in {workers} worker(s); {why}")
 
