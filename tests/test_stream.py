@@ -12,7 +12,7 @@ import torch
 from PIL import Image, ImageDraw
 from torch.utils.data import DataLoader
 
-from kontrast.augment import SampleRNG, derive_key, make_views, ops, recipe_views, to_float
+from kontrast.augment import SampleRNG, derive_key, key_tensor, make_views, ops, recipe_views, to_float
 from kontrast.augment.views import make_cropped_views
 from kontrast.config import Config, DataConfig
 from kontrast.data import batch_indices, write_folder_shards, write_shapes_files
@@ -62,7 +62,8 @@ def test_decode_time_crop_is_the_box_the_device_draws_on_the_full_image():
     key, data = derive_key("augment", 0, 2), _smooth_image(48, 32, "PNG")
     views = decode_views(data, key, 7, specs)
     full = to_float(torch.from_numpy(np.array(Image.open(io.BytesIO(data)))).permute(2, 0, 1)[None])  # [1, 3, 32, 48]
-    batch_rng = SampleRNG(key, torch.tensor([3, 7, 11]))  # sample 7 in some batch: its draws are its own
+    # sample 7 in some batch, keyed as training keys the device (a 0-d tensor key): its draws are its own
+    batch_rng = SampleRNG(key_tensor(key), torch.tensor([3, 7, 11]))
     for v, spec in enumerate(specs):
         boxes = ops.sample_resized_crop(3, 32, 48, spec.crop_scale, spec.crop_ratio, batch_rng.for_view(v))  # [3, 4]
         assert torch.equal(crop_boxes(key, 7, 32, 48, specs)[v], boxes[1])
