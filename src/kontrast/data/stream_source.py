@@ -71,7 +71,7 @@ def is_folder_spec(source: str) -> bool:
 class StreamSource:
     """One split, addressable by sample number; cheap to send to DataLoader workers (no pixels).
 
-    ``root`` + ``files``: a folder's images (relative paths); ``shards``: a shard index. ``sizes``: int64
+    ``root`` + ``paths``: a folder's images (relative paths); ``shards``: a shard index. ``sizes``: int64
     ``[M, 2]`` (width, height) of every image (folders) or of an even spread of them (shards).
     """
 
@@ -107,6 +107,8 @@ class StreamSource:
         part = self.subset(n, seed)
         images, _ = decode_blobs(((str(i), _bytes(part.read(i))) for i in range(len(part))), size)
         keep = [i for i in range(len(part)) if str(i) in images]
+        if not keep:
+            raise UserError(f"none of {len(part)} images of {self.name} could be decoded")
         return Samples(torch.stack([images[str(i)] for i in keep]), None if part.labels is None else part.labels[keep],
                        part.classes, part.name, [part.paths[i] for i in keep], layout=part.layout)
 
