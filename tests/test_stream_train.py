@@ -107,6 +107,7 @@ def test_a_run_stopped_mid_epoch_resumes_bit_for_bit(workers, folder, reference,
     assert_same_run(out, reference)
 
 
+@pytest.mark.slow  # new processes (about 10 s)
 def test_a_run_killed_mid_epoch_with_workers_resumes_bit_for_bit(folder, reference, tmp_path):
     """kill -9 after step 5 with 2 decoding workers; the step-4 checkpoint is newest; step 5 is redone."""
     args = train_args(folder, tmp_path / "run", "--set", "data.workers=2", "--set", "train.checkpoint_every=2")
@@ -172,6 +173,7 @@ def test_a_bad_file_mid_epoch_stops_strictly_or_is_replaced_deterministically(tm
     shutil.rmtree(photos)
 
 
+@pytest.mark.slow  # new processes (about 10 s)
 def test_two_processes_read_only_their_own_samples_and_equal_one(folder, tmp_path):
     """--nproc 2 on the streaming path: each rank decodes only its half of every global batch (traced), and the
     run equals one process on the global batch (fp32 rounding)."""
@@ -229,6 +231,7 @@ def test_every_image_method_trains_on_the_streaming_path(name, folder, tmp_path,
     assert summary["steps"] == 3 and np.isfinite(summary["final_loss"])
 
 
+@pytest.mark.slow  # new processes (about 10 s)
 def test_a_signal_to_the_whole_process_group_with_workers_still_checkpoints_and_resumes(folder, reference, tmp_path):
     """Ctrl-C in a terminal or a scheduler's SIGTERM reaches the DataLoader workers too: they ignore it and the
     training process stops as without workers (step finished, checkpoint, exit 143), then resumes bit for bit."""
