@@ -88,6 +88,9 @@ def _setup(cfg: Config, faults: NoFaults, resume: bool = False,
     device = distributed.local_device(resolve_device(tc.device))
     ranks = distributed.init(device) if distributed.launched() else Ranks()
     distributed.check_world(cfg, ranks.world)
+    if ranks.world > 1 and distributed.max_over_ranks(int(cfg.data.mode == "stream")) and cfg.data.mode != "stream":
+        cfg = replace(cfg, data=replace(cfg.data, mode="stream"))  # one path for all: a node whose budget is short
+        why += "; streamed because another process's memory budget is too small"
     if ranks.rank > 0:
         distributed.barrier()  # rank 0 decodes and caches first; the others then map its cache entry
     train = load_train_data(cfg, device, why)  # the memory or the streaming path (kontrast.train.data_path)
@@ -162,6 +165,8 @@ def _fit(cfg: Config, run_dir: Path, resume: bool, overwrite: bool, progress: bo
     cfg, data_why = choose_mode(cfg, resolve_device(cfg.train.device))  # ... and the data path
     tc = cfg.train
     ctx, schedule, train = _setup(cfg, faults, resume, data_why)
+    if train.stream is not None:  # (several processes may have agreed on streaming in _setup)
+        cfg = replace(cfg, data=replace(cfg.data, mode="stream"))
     data = train.data
     start_step, counters = 0, {"skipped": 0, "consecutive_skips": 0, "collapse": None, "bad_images": 0}
     if resume:
