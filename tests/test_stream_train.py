@@ -84,6 +84,13 @@ def reference(folder, tmp_path_factory) -> Path:
     return out
 
 
+def test_the_memory_paths_line_names_the_source_resolutions_too(folder, tmp_path, monkeypatch, capsys):
+    assert in_process(train_args(folder, tmp_path / "run", "--set", "data.mode=auto", "--epochs", "1"), monkeypatch) == 0
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.startswith(f"data: {N} training images from {folder} (train); labelled, 10 classes;")
+    assert "; 16x16 px; source 40x40 px (headers of 48 samples); memory path (auto: 36.0 KiB decoded at 16 px fits" in line
+
+
 def test_a_stream_run_says_so_and_checkpoints(folder, reference, tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     assert in_process(train_args(folder, out, "--set", "data.mode=auto", "--set", "data.memory_budget=1e-12"),

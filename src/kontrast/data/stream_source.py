@@ -130,14 +130,7 @@ class StreamSource:
 
     def resolution_range(self) -> str:
         """``"96x64 to 256x256 px"`` (width x height, by area) over the headers read at start-up."""
-        if len(self.sizes) == 0:
-            return "unknown size"
-        area = self.sizes[:, 0] * self.sizes[:, 1]
-        lo, hi = self.sizes[int(area.argmin())], self.sizes[int(area.argmax())]
-        spread = "" if self.shards is None else f" (headers of {len(self.sizes)} samples)"
-        if (lo == hi).all():
-            return f"{lo[0]}x{lo[1]} px{spread}"
-        return f"{lo[0]}x{lo[1]} to {hi[0]}x{hi[1]} px{spread}"
+        return size_range(self.sizes, sampled=self.shards is not None)
 
     def summary(self, size: int, workers: int, why: str) -> str:
         """The run's start-up line: path, count, labels, source resolutions, training resolution."""
@@ -186,8 +179,7 @@ def _open_shards(where: str, split: str, cache_dir, skip_bad_images: bool) -> St
     labels = None if index.labels is None else torch.from_numpy(index.labels)
     source = StreamSource(f"{where} ({split})", where, labels, list(index.classes) if labels is not None else [],
                           list(index.paths), "shards", np.zeros((0, 2), dtype=np.int64), shards=index)
-    picks = np.unique(np.linspace(0, len(source) - 1, min(RANGE_SAMPLE, len(source))).astype(np.int64))
-    source.sizes = np.array([s for s in (_header_size(source.read(int(i))) for i in picks) if s], dtype=np.int64)
+    source.sizes = spread_sizes(source.read, len(source))
     return source
 
 
@@ -196,6 +188,25 @@ def _index_rows(index: ShardIndex, rows: np.ndarray) -> ShardIndex:
     return replace(index, shard_of=index.shard_of[rows], offsets=index.offsets[rows], sizes=index.sizes[rows],
                    labels=None if index.labels is None else index.labels[rows],
                    keys=[index.keys[i] for i in rows], paths=[index.paths[i] for i in rows])
+
+
+def spread_sizes(read, n: int) -> np.ndarray:
+    """int64 ``[M, 2]`` (width, height) from the headers of up to RANGE_SAMPLE of ``n`` images spread evenly;
+    ``read(i)``: image i's bytes (or why not: skipped)."""
+    picks = np.unique(np.linspace(0, n - 1, min(RANGE_SAMPLE, n)).astype(np.int64))
+    return np.array([s for s in (_header_size(read(int(i))) for i in picks) if s], dtype=np.int64).reshape(-1, 2)
+
+
+def size_range(sizes: np.ndarray, sampled: bool) -> str:
+    """``"96x64 to 256x256 px"`` (the smallest and largest by area) of ``sizes`` ``[M, 2]`` (width, height)."""
+    if len(sizes) == 0:
+        return "unknown size"
+    area = sizes[:, 0] * sizes[:, 1]
+    lo, hi = sizes[int(area.argmin())], sizes[int(area.argmax())]
+    spread = f" (headers of {len(sizes)} samples)" if sampled else ""
+    if (lo == hi).all():
+        return f"{lo[0]}x{lo[1]} px{spread}"
+    return f"{lo[0]}x{lo[1]} to {hi[0]}x{hi[1]} px{spread}"
 
 
 def _bytes(data: bytes | str) -> bytes:

@@ -21,6 +21,7 @@ import signal
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader
@@ -30,7 +31,9 @@ from kontrast.data import batch_indices, load_images
 from kontrast.data.layout import list_files, plan_layout
 from kontrast.data.shard_index import open_shards
 from kontrast.data.stream_dataset import RunBatches, StreamBatch, StreamViews, ViewCollate
-from kontrast.data.stream_source import StreamSource, is_folder_spec, is_shard_spec, open_stream
+from kontrast.data.decode import read_regular_file
+from kontrast.data.stream_source import (StreamSource, is_folder_spec, is_shard_spec, open_stream, size_range,
+                                        spread_sizes)
 from kontrast.errors import UserError
 
 MODES = ("auto", "memory", "stream")
@@ -103,7 +106,12 @@ def load_train_data(cfg: Config, device: torch.device, why: str) -> TrainData:
         return TrainData(source, source.summary(dc.size, dc.workers, why))
     full = load_images(dc.source, "train", size=dc.size, cache_dir=dc.cache_dir, skip_bad_images=dc.skip_bad_images)
     data = full.subset(dc.limit, seed=cfg.train.seed)
-    return TrainData(data, f"{data.summary(of=len(full))}; memory path ({why})")
+    source = ""
+    if is_folder_spec(dc.source):  # the files' own sizes, from a spread of headers (the cache keeps none)
+        root = Path(dc.source).expanduser()
+        sizes = spread_sizes(lambda i: read_regular_file(root / data.paths[i]), len(data))
+        source = f"; source {size_range(sizes, sampled=True)}"
+    return TrainData(data, f"{data.summary(of=len(full))}{source}; memory path ({why})")
 
 
 def epoch_batches(train: TrainData, cfg: Config, specs: tuple, start: int, rank: int, world: int,
