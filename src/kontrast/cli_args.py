@@ -24,7 +24,9 @@ def _csv(kind):
 def _train_args(sub) -> None:
     p = sub.add_parser("train", help="pretrain an encoder")
     p.add_argument("--method", help="method name (see `kontrast methods`); default simclr")
-    p.add_argument("--data", help="shapes | ImageFolder dir | .tar/.tar.gz | CIFAR folder (default: shapes)")
+    p.add_argument("--data", help="shapes | ImageFolder dir | .tar/.tar.gz | CIFAR folder | tar shards (a `kontrast "
+                   "shards` folder or 'dir/train-{000000..000009}.tar'); data.mode=auto|memory|stream picks the "
+                   "path (default: shapes)")
     p.add_argument("--epochs", type=int, help="passes over the training images (default: the method's)")
     p.add_argument("--batch-size", type=int, help="images per step, all processes together (default: the method's)")
     p.add_argument("--out", required=True, help="run directory (checkpoints, metrics, config)")
@@ -33,7 +35,8 @@ def _train_args(sub) -> None:
     p.add_argument("--precision", choices=["auto", "fp32", "bf16"],
                    help="bf16 autocast or fp32 (default: auto, bf16 only where the device computes it natively)")
     p.add_argument("--device", help="auto, cpu, cuda, cuda:N or mps (default: auto, a GPU when there is one)")
-    p.add_argument("--skip-bad-images", action="store_true", help="skip unreadable images instead of refusing")
+    p.add_argument("--skip-bad-images", action="store_true", help="skip unreadable images instead of refusing "
+                   "(streaming: one met mid-epoch is replaced by a sample drawn from seed, epoch and its number)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
     p.add_argument("--overwrite", action="store_true", help="replace the run in --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

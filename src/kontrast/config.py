@@ -27,8 +27,8 @@ import yaml
 from kontrast.errors import UserError, did_you_mean
 from kontrast.precision import PRECISIONS
 
-_BOUNDS = {"gt": (">", lambda v, b: v > b), "ge": (">=", lambda v, b: v >= b),
-           "lt": ("<", lambda v, b: v < b), "le": ("<=", lambda v, b: v <= b)}
+_BOUNDS = {"gt": (">", lambda v, b: v > b), "ge": (">=", lambda v, b: v >= b), "lt": ("<", lambda v, b: v < b),
+           "le": ("<=", lambda v, b: v <= b)}
 
 
 def checked(default: Any, *, gt=None, ge=None, lt=None, le=None, choices=None, pattern: str | None = None) -> Any:
@@ -68,6 +68,9 @@ class DataConfig:
     skip_bad_images: bool = False
     cache_dir: str | None = None
     limit: int = checked(0, ge=0)  # train on a fixed random subset of this many images (0 = all)
+    mode: str = checked("auto", choices=("auto", "memory", "stream"))  # kontrast.train.data_path
+    workers: int = checked(2, ge=0)  # stream: DataLoader worker processes that decode (0 = in the loop's process)
+    memory_budget: float = checked(0.25, gt=0, le=1)  # auto: memory path when the decoded set fits this share of RAM
 
 
 @dataclass(frozen=True)
@@ -286,15 +289,9 @@ def _plain(values: dict) -> dict:
 
 def to_dict(cfg: Config) -> dict:
     """Plain nested dict (the method's params flattened into the method section)."""
-    out = {}
-    for f in fields(cfg):
-        section = getattr(cfg, f.name)
-        if f.name == "method":
-            params = dataclasses.asdict(section.params) if section.params is not None else {}
-            out["method"] = {"name": section.name, **_plain(params)}
-        else:
-            out[f.name] = _plain(dataclasses.asdict(section))
-    return out
+    out = {f.name: _plain(dataclasses.asdict(getattr(cfg, f.name))) for f in fields(cfg) if f.name != "method"}
+    params = dataclasses.asdict(cfg.method.params) if cfg.method.params is not None else {}
+    return {"method": {"name": cfg.method.name, **_plain(params)}, **out}
 
 
 def dump(cfg: Config, path: str | Path) -> None:

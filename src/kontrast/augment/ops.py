@@ -38,8 +38,8 @@ from kontrast.augment.sampling import _rand, _select
 
 def sample_resized_crop(
     batch: int,
-    height: int,
-    width: int,
+    height: int | Tensor,
+    width: int | Tensor,
     scale: tuple[float, float],
     ratio: tuple[float, float],
     generator: torch.Generator,
@@ -52,22 +52,47 @@ def sample_resized_crop(
     ~ U(scale), log aspect ratio ~ U(log ratio); the first of ``tries``
     candidates that fits the image is kept (all tries are drawn at once), and a
     sample with none falls back to torchvision's central crop.
+
+    ``height`` / ``width``: one size for the batch, or ``[B]`` integer tensors, one per sample (the streaming
+    path's full images, kontrast.data.stream_decode): the same float32 arithmetic either way, so a sample's box
+    depends only on its own size and draws.
     """
-    area = float(height * width)
+    sized = torch.is_tensor(height)
+    hs = height.to(torch.float32) if sized else height  # [B] or a number
+    ws = width.to(torch.float32) if sized else width
+    area = (hs * ws)[:, None] if sized else float(height * width)  # [B, 1] or a number
     log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
     u = _rand((batch, tries, 4), generator)  # [B, T, 4]: area, ratio, top, left draws
     target_area = area * (scale[0] + (scale[1] - scale[0]) * u[..., 0])  # [B, T]
     aspect = torch.exp(log_lo + (log_hi - log_lo) * u[..., 1])  # [B, T]
     w = torch.round(torch.sqrt(target_area * aspect))  # [B, T] (half to even, like Python round)
     h = torch.round(torch.sqrt(target_area / aspect))  # [B, T]
-    fits = (w > 0) & (w <= width) & (h > 0) & (h <= height)  # [B, T]
+    h_max, w_max = (hs[:, None], ws[:, None]) if sized else (height, width)  # [B, 1] or numbers
+    fits = (w > 0) & (w <= w_max) & (h > 0) & (h <= h_max)  # [B, T]
     first = fits.to(torch.int32).argmax(dim=1, keepdim=True)  # [B, 1]: first fitting try (0 if none)
     h, w = h.gather(1, first)[:, 0], w.gather(1, first)[:, 0]  # [B]
     u_top, u_left = u[..., 2].gather(1, first)[:, 0], u[..., 3].gather(1, first)[:, 0]  # [B]
-    top = torch.minimum(torch.floor(u_top * (height - h + 1)), height - h)  # [B] ~ randint(0, H-h+1)
-    left = torch.minimum(torch.floor(u_left * (width - w + 1)), width - w)  # [B]
+    top = torch.minimum(torch.floor(u_top * (hs - h + 1)), hs - h)  # [B] ~ randint(0, H-h+1)
+    left = torch.minimum(torch.floor(u_left * (ws - w + 1)), ws - w)  # [B]
+    found = fits.any(dim=1)  # [B]
+    if sized:  # per-sample fallbacks, computed only when a sample needs one
+        fallback = (torch.tensor([_central_crop(int(a), int(b), ratio) for a, b in zip(height, width)])
+                    if not bool(found.all()) else torch.zeros(batch, 4))  # [B, 4]
+        return torch.where(found[:, None], torch.stack([top, left, h, w], dim=1), fallback.to(top.dtype))
+    fb_top, fb_left, fb_h, fb_w = _central_crop(height, width, ratio)
+    return torch.stack(
+        [
+            torch.where(found, top, fb_top),
+            torch.where(found, left, fb_left),
+            torch.where(found, h, fb_h),
+            torch.where(found, w, fb_w),
+        ],
+        dim=1,
+    )  # [B, 4]
 
-    # torchvision's fallback when no try fits: the largest centred crop within the ratio range.
+
+def _central_crop(height: int, width: int, ratio: tuple[float, float]) -> list[float]:
+    """torchvision's fallback when no try fits: the largest centred crop within the ratio range (top, left, h, w)."""
     in_ratio = width / height
     if in_ratio < min(ratio):
         fb_w, fb_h = width, int(round(width / min(ratio)))
@@ -75,16 +100,7 @@ def sample_resized_crop(
         fb_h, fb_w = height, int(round(height * max(ratio)))
     else:
         fb_w, fb_h = width, height
-    found = fits.any(dim=1)  # [B]
-    return torch.stack(
-        [
-            torch.where(found, top, float((height - fb_h) // 2)),
-            torch.where(found, left, float((width - fb_w) // 2)),
-            torch.where(found, h, float(fb_h)),
-            torch.where(found, w, float(fb_w)),
-        ],
-        dim=1,
-    )  # [B, 4]
+    return [float((height - fb_h) // 2), float((width - fb_w) // 2), float(fb_h), float(fb_w)]
 
 
 def _resize_weights(start: Tensor, length: Tensor, in_size: int, out_size: int) -> Tensor:

@@ -180,13 +180,18 @@ def to_float(images: Tensor) -> Tensor:
     return images.to(torch.float32).mul_(1.0 / 255.0)
 
 
-def _view(images: Tensor, spec: ViewSpec, generator: torch.Generator) -> Tensor:
-    """One random view of float images [B, C, H, W] -> normalised [B, C, size, size]."""
+def _view(images: Tensor, spec: ViewSpec, generator: torch.Generator, cropped: bool = False) -> Tensor:
+    """One random view of float images [B, C, H, W] -> normalised [B, C, size, size].
+
+    ``cropped``: the images are this view's crops already (the streaming path crops at decode time with
+    these same draws, kontrast.data.stream_decode); the crop is drawn all the same, so every later op
+    draws what it would draw on the memory path.
+    """
     if images.device.type != generator.device.type:
         raise ValueError(f"generator is on {generator.device} but the images are on {images.device}")
     b, _, h, w = images.shape
     boxes = ops.sample_resized_crop(b, h, w, spec.crop_scale, spec.crop_ratio, generator)  # [B, 4]
-    x = ops.resized_crop(images, boxes, spec.size)  # [B, C, S, S]
+    x = images if cropped else ops.resized_crop(images, boxes, spec.size)  # [B, C, S, S]
     if spec.translate_p > 0 and spec.translate > 0:
         x = ops.translate_reflect(x, ops.sample_translation(b, spec.translate, spec.translate_p, generator), spec.translate)
     if spec.flip_p > 0:
@@ -231,16 +236,25 @@ def make_views(images: Tensor, specs: Sequence[ViewSpec], generator: torch.Gener
     return [_view(x, spec, view_source(generator, i)) for i, spec in enumerate(specs)]
 
 
-def view_maker(specs: Sequence[ViewSpec], compile: bool = False):
+def make_cropped_views(crops: Sequence[Tensor], specs: Sequence[ViewSpec], generator) -> list[Tensor]:
+    """The rest of each view's recipe on crops made at decode time: ``crops[v]`` uint8 [B, 3, S_v, S_v]."""
+    return [_view(to_float(x), spec, view_source(generator, i), cropped=True)
+            for i, (x, spec) in enumerate(zip(crops, specs))]
+
+
+def view_maker(specs: Sequence[ViewSpec], compile: bool = False, cropped: bool = False):
     """``fn(images uint8 [B, 3, H, W], ids [B], key) -> views``: :func:`make_views` with a per-sample
     :class:`~kontrast.augment.rng.SampleRNG`. ``compile`` wraps it in ``torch.compile`` (static shapes:
     the loop's batches all have one size); pass the key as :func:`~kontrast.augment.rng.key_tensor` so
     a new epoch's key does not recompile. Same views either way, up to float rounding of fused ops.
     Recipes with RandAugment stay eager: compiled, InfoMin's views ran at half the eager speed
-    (docs/performance.md §6)."""
+    (docs/performance.md §6). ``cropped``: ``images`` is a list of crops per view made at decode time
+    (the streaming path), and :func:`make_cropped_views` applies the rest."""
     specs = tuple(specs)
 
-    def views(images: Tensor, ids: Tensor, key) -> list[Tensor]:
+    def views(images, ids: Tensor, key) -> list[Tensor]:
+        if cropped:
+            return make_cropped_views(images, specs, SampleRNG(key, ids))
         return make_views(images, specs, SampleRNG(key, ids))
 
     if compile and not any(s.randaugment_n > 0 for s in specs):

@@ -2,7 +2,9 @@
 pickles, paired image-caption files), a content-keyed on-disk cache, and deterministic batch order;
 and tar shards in the WebDataset convention: written from a folder (:mod:`~kontrast.data.shard_writer`),
 indexed for reading by sample number (:mod:`~kontrast.data.shard_index`), and the shapes written as
-files at any resolution (:mod:`~kontrast.data.shapes_files`).
+files at any resolution (:mod:`~kontrast.data.shapes_files`); and the streaming path's pieces: a folder or
+shards addressed by sample number (:func:`open_stream`), decoded at the views' crops
+(:mod:`~kontrast.data.stream_decode`) by a DataLoader Dataset (:mod:`~kontrast.data.stream_dataset`).
 
 Every source loads into :class:`Samples`: one tensor (uint8 images ``[N, 3, size, size]``, or
 float32 sequences ``[N, C, L]``) plus labels and each row's path, which the rest of kontrast
@@ -10,7 +12,8 @@ moves to the device whole and augments in batches. The kinds of source are regis
 :data:`SOURCES` by the modules imported here; :func:`load_images` dispatches through it.
 """
 
-from kontrast.data import builtin, cifar, folder, pairs  # noqa: F401  (register shapes, sequences, cifar, folder, tar, pairs)
+# registering shapes, sequences, cifar, folder, tar, pairs, shards:
+from kontrast.data import builtin, cifar, folder, pairs, shard_memory  # noqa: F401
 from kontrast.data.batches import batch_indices, epoch_permutation
 from kontrast.data.cache import cache_root
 from kontrast.data.samples import Samples, SourceKind
@@ -19,6 +22,7 @@ from kontrast.data.shapes_files import write_shapes_files
 from kontrast.data.shard_index import ShardIndex, open_shards, read_sample
 from kontrast.data.shard_writer import write_folder_shards
 from kontrast.data.sources import load_images
+from kontrast.data.stream_source import StreamSource, open_stream
 from kontrast.registry import SOURCES
 
 __all__ = [
@@ -26,6 +30,7 @@ __all__ = [
     "SOURCES",
     "Samples",
     "ShardIndex",
+    "StreamSource",
     "SourceKind",
     "batch_indices",
     "cache_root",
@@ -33,6 +38,7 @@ __all__ = [
     "load_images",
     "make_shapes",
     "open_shards",
+    "open_stream",
     "read_sample",
     "write_folder_shards",
     "write_shapes_files",

@@ -75,6 +75,8 @@ def absolute_source(source: str) -> str:
         if kind.order == 0 and kind.matches(source):
             return source
     path = Path(source).expanduser()
+    if "{" in source and not path.exists():  # a brace pattern of shards: its folder made absolute
+        return os.path.abspath(os.path.expanduser(source))
     return str(path.resolve()) if path.exists() else source
 
 

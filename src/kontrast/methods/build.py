@@ -87,7 +87,7 @@ def build_encoder(cfg: Config):
 
 def check_inputs(method: Method, data) -> None:
     """Sequence methods (``recipe = None``) need a sequence source, image methods an image source."""
-    sequences = data.x.is_floating_point()  # Samples: uint8 images or float32 sequences
+    sequences = hasattr(data, "x") and data.x.is_floating_point()  # Samples: uint8 images or float32 sequences
     if method.recipe is None and not sequences:
         raise UserError(f"{data.name} holds images, but this method trains on sequences; use --data sequences")
     if method.recipe is not None and sequences:

@@ -7,7 +7,9 @@ comma-separated list of ``name=value``:
 
 * ``kill_after_step=N``: ``SIGKILL`` this process right after step N (before any checkpoint
   of step N is written), like ``kill -9`` or a node dying.
-* ``signal_after_step=N`` with ``signal=TERM|INT``: send that signal to this process after step N.
+* ``signal_after_step=N`` with ``signal=TERM|INT``: send that signal to this process after step N
+  (``signal_group=1``: to its whole process group, as a terminal's Ctrl-C or a scheduler does, DataLoader
+  workers included).
 * ``kill_in_checkpoint=N``: ``SIGKILL`` while the checkpoint of step N is half written.
 * ``nan_at_step=N[+M...]``: make the loss of step(s) N (1-based) NaN.
 * ``trace=PATH``: append ``{"step", "epoch", "indices"}`` per step to PATH (JSON lines).
@@ -63,6 +65,7 @@ class Faults(NoFaults):
         self.kill_after = int(spec.get("kill_after_step", -1))
         self.signal_after = int(spec.get("signal_after_step", -1))
         self.signal = signal.SIGINT if spec.get("signal", "TERM").upper() == "INT" else signal.SIGTERM
+        self.signal_group = spec.get("signal_group", "0") == "1"
         self.nan_steps = {int(s) for s in spec.get("nan_at_step", "").split("+") if s}
         self.trace_path = spec.get("trace")
 
@@ -86,7 +89,9 @@ class Faults(NoFaults):
     def after_step(self, step: int) -> None:
         if step == self.kill_after:
             os.kill(os.getpid(), signal.SIGKILL)
-        if step == self.signal_after:
+        if step == self.signal_after and self.signal_group:
+            os.killpg(os.getpgid(0), self.signal)
+        elif step == self.signal_after:
             os.kill(os.getpid(), self.signal)
 
     def in_checkpoint(self, step: int) -> None:

@@ -26,12 +26,14 @@ from tqdm import tqdm
 from kontrast.augment import derive_key, key_tensor, view_maker
 from kontrast.checkpoint import latest_checkpoint, load_checkpoint, remove_partial, save_checkpoint
 from kontrast.config import Config, dump
-from kontrast.data import batch_indices, load_images
+from kontrast.data import batch_indices
 from kontrast.data.sources import absolute_source
 from kontrast.errors import Interrupted, UserError
 from kontrast.methods.base import Progress, Ranks
 from kontrast.precision import choose_precision
 from kontrast.train import distributed
+from kontrast.train.data_path import (TrainData, bad_image_error, check_batch, choose_mode, epoch_batches,
+                                     load_train_data)
 from kontrast.methods.build import check_inputs, create_method, view_specs
 from kontrast.train.faults import NoFaults
 from kontrast.train.guards import CollapseMonitor, NonFiniteGuard, SignalStop, floating_state, nonfinite
@@ -77,21 +79,24 @@ def fit(cfg: Config, run_dir: str | Path, *, resume: bool = False, overwrite: bo
         distributed.close()
 
 
-def _setup(cfg: Config, faults: NoFaults, resume: bool = False) -> tuple[StepContext, Schedule, object]:
-    """Data, method, views, optimizer and lr schedule of a run (nothing on disk yet)."""
+def _setup(cfg: Config, faults: NoFaults, resume: bool = False,
+           why: str = "") -> tuple[StepContext, Schedule, TrainData]:
+    """Data, method, views, optimizer and lr schedule of a run (nothing on disk yet); ``why``: why this data path."""
     tc = cfg.train
     if tc.num_threads:
         torch.set_num_threads(tc.num_threads)
     device = distributed.local_device(resolve_device(tc.device))
     ranks = distributed.init(device) if distributed.launched() else Ranks()
     distributed.check_world(cfg, ranks.world)
+    if ranks.world > 1 and distributed.max_over_ranks(int(cfg.data.mode == "stream")) and cfg.data.mode != "stream":
+        cfg = replace(cfg, data=replace(cfg.data, mode="stream"))  # one path for all: a node whose budget is short
+        why += "; streamed because another process's memory budget is too small"
     if ranks.rank > 0:
         distributed.barrier()  # rank 0 decodes and caches first; the others then map its cache entry
-    full = load_images(cfg.data.source, "train", size=cfg.data.size, cache_dir=cfg.data.cache_dir,
-                       skip_bad_images=cfg.data.skip_bad_images)
-    data = full.subset(cfg.data.limit, seed=tc.seed)
+    train = load_train_data(cfg, device, why)  # the memory or the streaming path (kontrast.train.data_path)
+    data = train.data
     if ranks.rank == 0:
-        print(data.summary(of=len(full)), flush=True)  # stdout: stderr stays for errors and warnings
+        print(train.line, flush=True)  # stdout: stderr stays for errors and warnings
     if ranks.rank == 0 and ranks.world > 1:
         distributed.barrier()
     n = len(data)
@@ -115,12 +120,12 @@ def _setup(cfg: Config, faults: NoFaults, resume: bool = False) -> tuple[StepCon
     peak = peak_lr(cfg.optim, tc.batch_size)
     warmup = round(cfg.optim.warmup_epochs * steps_per_epoch)
     ctx = StepContext(
-        method=method, optimizer=optimizer, images=data.x.to(device),  # the whole dataset on the device
-        make_views=view_maker(specs, compile=tc.compile) if specs else None,
+        method=method, optimizer=optimizer, images=None if train.stream else data.x.to(device),  # memory: all of it
+        make_views=view_maker(specs, compile=tc.compile, cropped=train.stream is not None) if specs else None,
         lrs=lr_schedule(peak, schedule.total_steps, warmup, cfg.optim.min_lr).tolist(), peak_lr=peak,
         seed=tc.seed, device=device, guard=NonFiniteGuard(method, device), precision=tc.precision,
         channels_last=tc.channels_last, nonfinite=tc.nonfinite, faults=faults, ranks=ranks)
-    return ctx, schedule, data
+    return ctx, schedule, train
 
 
 def _restore(ctx: StepContext, cfg: Config, schedule: Schedule, run_dir: Path) -> tuple[int, dict]:
@@ -135,7 +140,8 @@ def _restore(ctx: StepContext, cfg: Config, schedule: Schedule, run_dir: Path) -
         raise UserError(f"checkpoint {ckpt} was written with {saved} steps per epoch, this run has "
                         f"{schedule.steps_per_epoch} (different data or batch size); resume with the run's own settings")
     set_rng_state(state["rng"], ctx.device)
-    return state["step"], {k: state[k] for k in ("skipped", "consecutive_skips", "collapse") if k in state}
+    counters = ("skipped", "consecutive_skips", "collapse", "bad_images")
+    return state["step"], {k: state[k] for k in counters if k in state}
 
 
 def absolute_paths(cfg: Config) -> Config:
@@ -156,9 +162,13 @@ def chosen_numerics(cfg: Config) -> tuple[Config, str]:
 def _fit(cfg: Config, run_dir: Path, resume: bool, overwrite: bool, progress: bool, faults: NoFaults) -> dict:
     check_run_dir(run_dir, resume=resume, overwrite=overwrite)
     cfg, numerics = chosen_numerics(absolute_paths(cfg))  # config.yaml keeps what was chosen
+    cfg, data_why = choose_mode(cfg, resolve_device(cfg.train.device))  # ... and the data path
     tc = cfg.train
-    ctx, schedule, data = _setup(cfg, faults, resume)
-    start_step, counters = 0, {"skipped": 0, "consecutive_skips": 0, "collapse": None}
+    ctx, schedule, train = _setup(cfg, faults, resume, data_why)
+    if train.stream is not None:  # (several processes may have agreed on streaming in _setup)
+        cfg = replace(cfg, data=replace(cfg.data, mode="stream"))
+    data = train.data
+    start_step, counters = 0, {"skipped": 0, "consecutive_skips": 0, "collapse": None, "bad_images": 0}
     if resume:
         start_step, saved = _restore(ctx, cfg, schedule, run_dir)
         counters.update(saved)
@@ -189,7 +199,8 @@ def _fit(cfg: Config, run_dir: Path, resume: bool, overwrite: bool, progress: bo
         state = {"step": step, "epoch": step // schedule.steps_per_epoch, "total_steps": schedule.total_steps,
                  "steps_per_epoch": schedule.steps_per_epoch, "num_samples": schedule.num_samples,
                  "method": cfg.method.name, "skipped": counters["skipped"],
-                 "consecutive_skips": counters["consecutive_skips"], "collapse": collapse.state()}
+                 "consecutive_skips": counters["consecutive_skips"], "collapse": collapse.state(),
+                 "bad_images": counters["bad_images"]}
         path = save_checkpoint(run_dir, ctx.method, ctx.optimizer, state, rng=rng_state(ctx.device), faults=faults) \
             if lead else None
         if ranks.world > 1:
@@ -198,49 +209,55 @@ def _fit(cfg: Config, run_dir: Path, resume: bool, overwrite: bool, progress: bo
 
     nproc = f" --nproc {ranks.world}" if ranks.world > 1 else ""
     ctx.method.train()
+    keyed = {}  # the current epoch's augmentation key
+    batches = epoch_batches(train, cfg, view_specs(cfg, ctx.method), start_step, ranks.rank, ranks.world, ctx.device)
     try:
         with SignalStop() as stop:
             if monitor and start_step == 0:
                 monitor(0, step, log, bar)  # the untrained encoder: the baseline every later figure is read against
-            for epoch in range(start_step // schedule.steps_per_epoch, tc.epochs):
-                epoch_key = key_tensor(derive_key("augment", tc.seed, epoch), ctx.device)
-                for i, idx in enumerate(batch_indices(schedule.num_samples, tc.batch_size, epoch, tc.seed)):
-                    if epoch * schedule.steps_per_epoch + i < start_step:
-                        continue  # mid-epoch resume: these batches were already seen
-                    result = train_step(ctx, idx, epoch_key, schedule.progress(step, epoch))
-                    step += 1
-                    n_window += len(idx)
-                    bar.update(1)
-                    if result.skipped:
-                        _count_skip(counters, step, tc.max_skips, run_dir, warn)
-                    else:
-                        counters["consecutive_skips"] = 0
-                    if (step % tc.log_every == 0 or step == schedule.total_steps) and not result.skipped:
-                        ctx.guard.raise_if_bad(step, run_dir)
-                        now = time.perf_counter()
-                        last = result.metrics()
-                        if ranks.world > 1:
-                            last = distributed.mean_metrics(last, ranks.world)  # the loss of the global batch
-                        last.update(epoch=epoch, lr=ctx.lrs[step - 1], img_per_s=n_window / (now - t_window))
-                        log.write(step, last)
-                        bar.set_postfix(loss=f"{last['loss']:.4f}", img_s=f"{last['img_per_s']:.0f}")
-                        t_window, n_window = now, 0
-                        message = collapse.update(step, last.get("embedding_std"), last.get("teacher_top_share"))
-                        if message:
-                            warn("collapse", message)
-                    faults.after_step(step)  # test hook: a kill or signal arriving during this step
-                    epoch_end = i == schedule.steps_per_epoch - 1
-                    if ranks.world > 1:  # a signal stops every rank after the same step
-                        stop.received = distributed.max_over_ranks(stop.received or 0) or None
-                    if epoch_end and monitor and ((epoch + 1) % tc.knn_every == 0 or epoch + 1 == tc.epochs):
-                        monitor(epoch + 1, step, log, bar)
-                    if epoch_end or (tc.checkpoint_every and step % tc.checkpoint_every == 0) or stop.received:
-                        ckpt = save()
-                    if stop.received:
-                        name = signal.Signals(stop.received).name
-                        raise Interrupted(f"{name} after step {step} of {schedule.total_steps}; checkpoint {ckpt}; "
-                                          f"continue with: kontrast train --out {run_dir} --resume{nproc}",
-                                          128 + stop.received)
+            for epoch, i, idx, batch in batches:
+                if epoch not in keyed:
+                    keyed = {epoch: key_tensor(derive_key("augment", tc.seed, epoch), ctx.device)}
+                bad = check_batch(batch, step + 1, counters, warn)
+                if bad:  # strict: the state before this batch is good; keep it (one process: ranks would wait)
+                    done = latest_checkpoint(run_dir)
+                    if ranks.world == 1 and step > start_step and (done is None or done.name != f"step-{step:08d}"):
+                        done = save()
+                    raise bad_image_error(bad, step + 1, done)
+                result = train_step(ctx, idx, keyed[epoch], schedule.progress(step, epoch), batch=batch)
+                step += 1
+                n_window += tc.batch_size
+                bar.update(1)
+                if result.skipped:
+                    _count_skip(counters, step, tc.max_skips, run_dir, warn)
+                else:
+                    counters["consecutive_skips"] = 0
+                if (step % tc.log_every == 0 or step == schedule.total_steps) and not result.skipped:
+                    ctx.guard.raise_if_bad(step, run_dir)
+                    now = time.perf_counter()
+                    last = result.metrics()
+                    if ranks.world > 1:
+                        last = distributed.mean_metrics(last, ranks.world)  # the loss of the global batch
+                    last.update(epoch=epoch, lr=ctx.lrs[step - 1], img_per_s=n_window / (now - t_window))
+                    log.write(step, last)
+                    bar.set_postfix(loss=f"{last['loss']:.4f}", img_s=f"{last['img_per_s']:.0f}")
+                    t_window, n_window = now, 0
+                    message = collapse.update(step, last.get("embedding_std"), last.get("teacher_top_share"))
+                    if message:
+                        warn("collapse", message)
+                faults.after_step(step)  # test hook: a kill or signal arriving during this step
+                epoch_end = i == schedule.steps_per_epoch - 1
+                if ranks.world > 1:  # a signal stops every rank after the same step
+                    stop.received = distributed.max_over_ranks(stop.received or 0) or None
+                if epoch_end and monitor and ((epoch + 1) % tc.knn_every == 0 or epoch + 1 == tc.epochs):
+                    monitor(epoch + 1, step, log, bar)
+                if epoch_end or (tc.checkpoint_every and step % tc.checkpoint_every == 0) or stop.received:
+                    ckpt = save()
+                if stop.received:
+                    name = signal.Signals(stop.received).name
+                    raise Interrupted(f"{name} after step {step} of {schedule.total_steps}; checkpoint {ckpt}; "
+                                      f"continue with: kontrast train --out {run_dir} --resume{nproc}",
+                                      128 + stop.received)
             ctx.guard.raise_if_bad(step, run_dir)
     except RuntimeError as exc:
         if ranks.world == 1 or not distributed.peer_lost(exc):
@@ -249,12 +266,15 @@ def _fit(cfg: Config, run_dir: Path, resume: bool, overwrite: bool, progress: bo
                           f"({distributed.first_line(exc)}); last good checkpoint: {latest_checkpoint(run_dir) or 'none'}; "
                           f"continue with: kontrast train --out {run_dir} --resume{nproc}", 1) from None
     finally:
+        batches.close()  # the streaming path's workers stop here, not when the generator is collected
         bar.close()
         log.close()
     wall = time.perf_counter() - t_start
     summary = {"method": cfg.method.name, "steps": step, "epochs": tc.epochs, "wall_s": round(wall, 2),
                "img_per_s": round((step - start_step) * tc.batch_size / max(wall, 1e-9), 1),
                "final_loss": last.get("loss"), "skipped_steps": counters["skipped"]}
+    if train.stream is not None:
+        summary["bad_images_replaced"] = counters["bad_images"]
     if lead:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 from kontrast.config import Config
 from kontrast.data import load_images
+from kontrast.data.stream_source import is_shard_spec
+from kontrast.errors import UserError
 from kontrast.evaluate.protocol import evaluate_encoder
 from kontrast.methods.build import view_specs
 from kontrast.train.rundir import MetricLog
@@ -26,8 +29,16 @@ class KnnMonitor:
         tc = cfg.train
         if not tc.knn_every or data.labels is None:
             return None
-        test = load_images(cfg.data.source, "test", size=cfg.data.size, cache_dir=cfg.data.cache_dir,
-                           skip_bad_images=cfg.data.skip_bad_images)
+        try:
+            test = load_images(cfg.data.source, "test", size=cfg.data.size, cache_dir=cfg.data.cache_dir,
+                               skip_bad_images=cfg.data.skip_bad_images)
+        except UserError as exc:  # shards without an index hold one split
+            if not is_shard_spec(cfg.data.source):
+                raise
+            print(f"note: no kNN monitor: {exc}", file=sys.stderr)
+            return None
+        if not hasattr(data, "x"):  # the streaming path: the monitor's bank decoded whole, at most knn_max_train
+            data = data.decoded(tc.knn_max_train, cfg.data.size, seed=tc.seed)
         return cls(cfg, ctx, data, test.subset(tc.knn_max_test, seed=tc.seed))
 
     def __call__(self, epoch: int, step: int, log: MetricLog, bar) -> None:

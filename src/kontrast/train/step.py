@@ -38,7 +38,7 @@ def step_seed(seed: int, step: int) -> int:
 class StepContext:
     """What every step of a run shares.
 
-    images: uint8 [N, 3, H, W] (or float32 sequences [N, C, L]) on ``device``; make_views:
+    images: uint8 [N, 3, H, W] (or float32 sequences [N, C, L]) on ``device``, None on the streaming path; make_views:
     ``(images[idx], idx, epoch_key) -> views`` (``kontrast.augment.view_maker``), None for a
     sequence method, which gets the raw batch; lrs: the lr of every step (``fixed_lr`` groups
     keep ``peak_lr``).
@@ -46,7 +46,7 @@ class StepContext:
 
     method: Method
     optimizer: torch.optim.Optimizer
-    images: torch.Tensor
+    images: torch.Tensor | None
     make_views: Callable | None
     lrs: list[float]
     peak_lr: float
@@ -75,23 +75,26 @@ def _no_lap(phase: str) -> None:
 
 
 def train_step(ctx: StepContext, indices: torch.Tensor, epoch_key: torch.Tensor, progress: Progress,
-               lap: Callable[[str], None] = _no_lap) -> StepResult:
+               lap: Callable[[str], None] = _no_lap, batch=None) -> StepResult:
     """Step number ``progress.step + 1`` on the global batch ``indices`` (int64 [B], CPU; this rank's slice is used).
 
     ``epoch_key``: the epoch's augmentation key (``key_tensor(derive_key("augment", seed, epoch))``);
     ``lap(phase)`` is called at the end of each of :data:`PHASES` (the benchmarks time them).
+    ``batch``: the streaming path's :class:`~kontrast.data.stream_dataset.StreamBatch`, this rank's crops
+    (uint8 [b, 3, S_v, S_v] per view), with ``indices`` its samples only (int64 [b]); ``ctx.images`` is unused.
     """
     method, step = ctx.method, progress.step
     for group in ctx.optimizer.param_groups:
         group["lr"] = ctx.peak_lr if group.get("fixed_lr") else ctx.lrs[step]
     torch.manual_seed(step_seed(ctx.seed, step))
     ranks = ctx.ranks
-    if ranks.world > 1:
+    if ranks.world > 1 and batch is None:  # a stream batch is this rank's already
         b = len(indices) // ranks.world
         indices = indices[ranks.rank * b:(ranks.rank + 1) * b]  # [B / W] this rank's slice
     ctx.faults.trace(step + 1, progress.epoch, indices)
     idx = indices.to(ctx.device)
-    views = ctx.make_views(ctx.images[idx], idx, epoch_key) if ctx.make_views else [ctx.images[idx]]
+    inputs = ctx.images[idx] if batch is None else [v.to(ctx.device, non_blocking=True) for v in batch.views]
+    views = ctx.make_views(inputs, idx, epoch_key) if ctx.make_views else [inputs]
     if ctx.channels_last and ctx.make_views:
         views = [v.contiguous(memory_format=torch.channels_last) for v in views]
     buffers = [b.clone() for b in method.buffers()] if ctx.nonfinite == "skip" else None

@@ -1,0 +1,166 @@
+"""The run's data path: memory (the whole set decoded once, on the device) or stream (decoded per batch).
+
+``data.mode``: ``memory`` is :func:`kontrast.data.load_images` (every image at ``data.size``, moved to the
+device whole, views cut from it); ``stream`` reads an ImageFolder tree or tar shards sample by sample
+(:mod:`kontrast.data.stream_source`), DataLoader workers (``data.workers``) decoding each batch with its
+views' random resized crops taken from the full image (:mod:`kontrast.data.stream_dataset`), the rest of the
+recipe applied on the device. ``auto`` (the default) keeps the memory path when the decoded set at
+``data.size`` fits ``data.memory_budget`` (a fraction of RAM, and of the device's memory on a GPU), and
+streams otherwise (folders and shards; :mod:`kontrast.data.shard_memory` reads shards into memory); sources
+that only the memory path reads (archives, CIFAR pickles, built-in and paired sets) never stream. The choice
+is written into the run's config, so a resume takes the same path whatever the machine.
+
+Both paths order the data the same way (the global permutation of (seed, epoch)) and key every view by
+(seed, epoch, sample, view), so the stream path resumes mid-epoch bit for bit, with any number of workers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+from kontrast.config import Config
+from kontrast.data import batch_indices, load_images
+from kontrast.data.layout import list_files, plan_layout
+from kontrast.data.shard_index import open_shards
+from kontrast.data.stream_dataset import RunBatches, StreamBatch, StreamViews, ViewCollate
+from kontrast.data.decode import read_regular_file
+from kontrast.data.stream_source import (StreamSource, is_folder_spec, is_shard_spec, open_stream, size_range,
+                                        spread_sizes)
+from kontrast.errors import UserError
+
+MODES = ("auto", "memory", "stream")
+
+
+@dataclass
+class TrainData:
+    """The training split as the loop uses it."""
+
+    data: object  # Samples (memory) or StreamSource (stream): labels, classes, paths, name for methods and monitor
+    line: str  # the start-up line
+
+    @property
+    def stream(self) -> StreamSource | None:
+        return self.data if isinstance(self.data, StreamSource) else None
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+def _total_memory(device: torch.device) -> int:
+    """Bytes the decoded set may be held in: RAM, and the device's memory on a GPU (the smaller)."""
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if device.type == "cuda":
+        return min(ram, torch.cuda.get_device_properties(device).total_memory)
+    return ram
+
+
+def _size(n: float) -> str:
+    """Bytes in words: ``"36.0 KiB"``, ``"23.5 GiB"``."""
+    unit = next(u for u, p in (("GiB", 30), ("MiB", 20), ("KiB", 10), ("B", 0)) if n >= 2**p or p == 0)
+    return f"{n / 2 ** dict(GiB=30, MiB=20, KiB=10, B=0)[unit]:.1f} {unit}"
+
+
+def choose_mode(cfg: Config, device: torch.device) -> tuple[Config, str]:
+    """``cfg`` with ``data.mode`` decided (never ``auto``), and the reason in words for the start-up line."""
+    dc = cfg.data
+    if dc.mode != "auto":
+        return cfg, f"data.mode={dc.mode}"
+    if not (is_folder_spec(dc.source) or is_shard_spec(dc.source)):
+        return replace(cfg, data=replace(dc, mode="memory")), "auto: this kind of source is read into memory"
+    n = _train_count(dc)
+    n = min(n, dc.limit) if dc.limit else n
+    need, budget = n * 3 * dc.size * dc.size, dc.memory_budget * _total_memory(device)
+    verdict = "fits" if need <= budget else "is over"
+    why = (f"auto: {_size(need)} decoded at {dc.size} px {verdict} data.memory_budget "
+           f"({dc.memory_budget:g} of {_size(_total_memory(device))})")
+    return replace(cfg, data=replace(dc, mode="memory" if need <= budget else "stream")), why
+
+
+def _train_count(dc) -> int:
+    """Training images in a folder (its layout plan) or a set of shards (its index; bad images are reported later)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the load warns (loose files, bad images) once, after this count
+        if not is_shard_spec(dc.source):
+            plan = plan_layout(list_files(os.path.expanduser(dc.source)), dc.source).splits.get("train")
+            return len(plan.paths) if plan is not None else 0
+        try:
+            return len(open_shards(dc.source, cache_dir=dc.cache_dir, skip_bad_images=True))
+        except UserError:
+            return 0  # (no readable image) the load says why
+
+
+def load_train_data(cfg: Config, device: torch.device, why: str) -> TrainData:
+    """The training split on the path ``cfg.data.mode`` names (decided by :func:`choose_mode`)."""
+    dc = cfg.data
+    if dc.mode == "stream":
+        source = open_stream(dc.source, "train", cache_dir=dc.cache_dir, skip_bad_images=dc.skip_bad_images)
+        source = source.subset(dc.limit, seed=cfg.train.seed)
+        return TrainData(source, source.summary(dc.size, dc.workers, why))
+    full = load_images(dc.source, "train", size=dc.size, cache_dir=dc.cache_dir, skip_bad_images=dc.skip_bad_images)
+    data = full.subset(dc.limit, seed=cfg.train.seed)
+    source = ""
+    if is_folder_spec(dc.source):  # the files' own sizes, from a spread of headers (the cache keeps none)
+        root = Path(dc.source).expanduser()
+        sizes = spread_sizes(lambda i: read_regular_file(root / data.paths[i]), len(data))
+        source = f"; source {size_range(sizes, sampled=True)}"
+    return TrainData(data, f"{data.summary(of=len(full))}{source}; memory path ({why})")
+
+
+def epoch_batches(train: TrainData, cfg: Config, specs: tuple, start: int, rank: int, world: int,
+                  device: torch.device) -> Iterator[tuple[int, int, torch.Tensor, StreamBatch | None]]:
+    """``(epoch, step in epoch, indices, stream batch)`` for every step from ``start`` to the run's end.
+
+    Memory: ``indices`` int64 [B] is the global batch (each rank takes its slice in the step), no stream batch.
+    Stream: ``indices`` int64 [B / W] are this rank's samples and the batch holds their crops.
+    """
+    tc, n = cfg.train, len(train)
+    steps_per_epoch = len(batch_indices(n, tc.batch_size, 0, tc.seed))
+    if train.stream is None:
+        for epoch in range(start // steps_per_epoch, tc.epochs):
+            for i, idx in enumerate(batch_indices(n, tc.batch_size, epoch, tc.seed)):
+                if epoch * steps_per_epoch + i >= start:
+                    yield epoch, i, idx, None
+        return
+    sampler = RunBatches(n, tc.batch_size, tc.seed, tc.epochs, start, rank, world)
+    workers = cfg.data.workers
+    loader = DataLoader(StreamViews(train.stream, specs, tc.seed, cfg.data.skip_bad_images), batch_sampler=sampler,
+                        num_workers=workers, collate_fn=ViewCollate(specs), pin_memory=device.type == "cuda",
+                        prefetch_factor=2 if workers else None, generator=torch.Generator().manual_seed(tc.seed),
+                        worker_init_fn=ignore_stop_signals)
+    for step, batch in enumerate(loader, start):
+        yield step // steps_per_epoch, step % steps_per_epoch, batch.indices, batch
+
+
+def ignore_stop_signals(worker: int) -> None:
+    """In each decoding worker: SIGINT / SIGTERM sent to the whole process group (Ctrl-C, a scheduler) are the
+    training process's to handle (finish the step, checkpoint, exit 130 / 143); a worker dying of them would
+    end the run with a DataLoader error instead. The workers end with the training process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def check_batch(batch: StreamBatch | None, step: int, counters: dict, warn) -> tuple[str, str] | None:
+    """Before step ``step``: ``(file, reason)`` of an unreadable sample (strict: the loop stops), else None; the
+    samples replaced under ``skip_bad_images`` are counted and warned about."""
+    if batch is None:
+        return None
+    for path, why in batch.replaced:
+        counters["bad_images"] += 1
+        warn("bad_image", f"unreadable image {path} ({why}) in step {step}; replaced by another sample "
+                          f"({counters['bad_images']} so far)")
+    return batch.bad[0] if batch.bad else None
+
+
+def bad_image_error(bad: tuple[str, str], step: int, checkpoint) -> UserError:
+    """The one line of a strict stop on an unreadable image met mid-epoch."""
+    return UserError(f"unreadable image {bad[0]} ({bad[1]}) in the batch of step {step}; stopped before the step, "
+                     f"last good checkpoint: {checkpoint or 'none'}; fix or remove the file and resume with --resume, "
+                     "or resume with --skip-bad-images to replace it")
