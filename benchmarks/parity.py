@@ -63,9 +63,11 @@ OPTIM_FLAGS = {"name": "optim", "lr": "lr", "lr_batch": "lr-batch", "momentum": 
                "betas": "betas", "lars_eta": "lars-eta", "lars_clip": None}
 # train / data / eval fields that do not change what is trained or how it is scored
 NO_EFFECT = {"train": {"log_every", "knn_every", "knn_max_train", "knn_max_test", "checkpoint_every", "nonfinite",
-                       "max_skips", "collapse_std", "collapse_window", "num_threads",
+                       "max_skips", "collapse_std", "collapse_window", "collapse_share", "num_threads",
                        "sync_bn"},  # sync_bn: several processes only; parity runs one
-             "data": {"source", "skip_bad_images", "cache_dir"}, "eval": {"linear_epochs", "batch_size"}}
+             # mode / workers / memory_budget: the CIFAR archive is always read into memory (never streamed)
+             "data": {"source", "skip_bad_images", "cache_dir", "mode", "workers", "memory_budget"},
+             "eval": {"linear_epochs", "batch_size"}}
 OFF_BY_DEFAULT = ("depth", "patch_size", "freeze_patch_embed")  # ViT / amdim options: the peer's ResNet has none
 HANDLED = {"train": {"epochs", "batch_size", "seed", "precision", "channels_last", "device", "compile"},
            "data": {"size", "limit"}, "eval": {"knn_k", "knn_temperature"},
