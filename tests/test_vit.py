@@ -196,3 +196,14 @@ def test_moco_v3_vit_recipe_file_states_the_papers_settings():
     o = cfg.optim
     assert (o.name, o.lr, o.lr_batch, o.weight_decay, o.warmup_epochs, cfg.train.epochs) == \
         ("adamw", 1.5e-4, 256, 0.1, 40.0, 300)
+
+
+def test_dino_vit_recipe_file_states_the_papers_settings():
+    """configs/dino_vit_tiny_cifar.yaml: DINO's ViT recipe (AdamW, 5e-4 x batch / 256, wd 0.04, 10 warm-up epochs,
+    tau_t 0.04 -> 0.07 over 30 epochs, teacher momentum 0.996, no BN in the head, multi-crop)."""
+    cfg = resolve(load_yaml(Path(__file__).resolve().parents[1] / "configs/dino_vit_tiny_cifar.yaml"))
+    p, o = cfg.method.params, cfg.optim
+    assert (cfg.encoder.name, cfg.encoder.patch_size, cfg.augment.recipe) == ("vit_tiny", 4, "dino_multicrop")
+    assert (p.warmup_teacher_temp, p.teacher_temp, p.warmup_teacher_temp_epochs, p.base_momentum, p.use_bn_in_head) \
+        == (0.04, 0.07, 30.0, 0.996, False)
+    assert (o.name, o.lr, o.lr_batch, o.weight_decay, o.warmup_epochs, o.min_lr) == ("adamw", 5e-4, 256, 0.04, 10.0, 1e-6)

@@ -50,6 +50,16 @@ def mean_entropy(p: torch.Tensor) -> torch.Tensor:
     return -(p * p.clamp_min(1e-30).log()).sum(-1).mean()
 
 
+@torch.no_grad()
+def target_statistics(q: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Metrics of the targets ``q [..., K]`` (figure 7's): ``teacher_entropy`` per sample (log K: the uniform
+    collapse; near 0: confident, healthy or not), ``teacher_batch_entropy`` of the batch-mean target (near 0: one
+    prototype for every image) and ``teacher_top_share``, the most-used prototype's share (1: dominance collapse)."""
+    used = q.reshape(-1, q.shape[-1]).mean(0)  # [K] the batch-mean target: how much each prototype is used
+    return {"teacher_entropy": mean_entropy(q), "teacher_batch_entropy": mean_entropy(used),
+            "teacher_top_share": used.max()}
+
+
 def teacher_temperature(epochs: float, warmup_temperature: float, temperature: float, warmup_epochs: float) -> float:
     """Linear warm-up of tau_t from ``warmup_temperature`` to ``temperature`` over ``warmup_epochs``, then flat.
 

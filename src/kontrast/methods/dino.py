@@ -1,11 +1,8 @@
 """DINO: self-distillation with no labels (Caron et al. 2021, https://arxiv.org/abs/2104.14294).
 
-multi-crop (2 global + 4 local) -> student = encoder + DINO head (GELU MLP, L2-normalised bottleneck, weight-normalised
-K prototypes: ``extract.DINOHead``) on every crop; teacher = EMA of the student (momentum -> 1, cosine, as BYOL's) on
-the 2 global crops -> H(softmax((t - c) / tau_t), softmax(s / tau_s)) over every (teacher view, other view) pair;
-centre c <- m c + (1 - m) mean(t) over the global batch (all ranks; each rank's loss is its own samples'). tau_t
-warms up 0.04 -> 0.07; the prototypes are frozen for the first epoch. CIFAR scale: solo-learn's recipe (head 2048 /
-256, K 4096, clipped LARS lr 0.3, wd 1e-6) with the paper's momentum 0.996 and temperatures (docs/methods.md).
+Student = encoder + DINO head (``extract.DINOHead``) on every multi-crop view; teacher = its EMA (cosine momentum
+-> 1) on the 2 global crops; loss = H(softmax((t - c) / tau_t), softmax(s / tau_s)) over every (teacher view, other
+view) pair; centre c <- m c + (1 - m) mean(t) over the global batch. Recipe sources: docs/methods.md, "DINO".
 """
 
 from __future__ import annotations
@@ -14,12 +11,14 @@ from dataclasses import dataclass
 
 import torch
 
+from kontrast.augment import get_recipe
 from kontrast.config import checked
 from kontrast.encoders.multicrop import encode_views
 from kontrast.encoders.target import MomentumTarget, cosine_momentum
 from kontrast.errors import UserError
 from kontrast.extract import DINOHead
-from kontrast.losses import dino_loss, mean_entropy, teacher_distribution, teacher_temperature, update_centre
+from kontrast.losses import (dino_loss, target_statistics, teacher_distribution, teacher_temperature,
+                             update_centre)
 from kontrast.methods.base import Method, Progress, embedding_std
 from kontrast.precision import float32
 from kontrast.registry import METHODS
@@ -31,18 +30,15 @@ class DINOParams:
     bottleneck_dim: int = checked(256, ge=1)
     num_prototypes: int = checked(4096, ge=1)  # K: solo-learn's CIFAR recipe (paper, ImageNet: 65536)
     student_temp: float = checked(0.1, gt=0)
-    teacher_temp: float = checked(0.07, gt=0)
+    teacher_temp: float = checked(0.07, gt=0)  # tau_t, reached after a linear warm-up from warmup_teacher_temp
     warmup_teacher_temp: float = checked(0.04, gt=0)
     warmup_teacher_temp_epochs: float = checked(30.0, ge=0)
     centre_momentum: float = checked(0.9, ge=0, le=1)  # 1: the centre stays 0 (no centring: the collapse ablation)
     base_momentum: float = checked(0.996, ge=0, le=1)
     freeze_last_layer_epochs: float = checked(1.0, ge=0)
-    # BN in the head's hidden layers (the authors' and solo-learn's option, default off in both): takes out the part of
-    # the head's input that every image shares (ReLU-pooled ResNet features); the short budget needs it (docs/methods.md)
-    use_bn_in_head: bool = False
+    use_bn_in_head: bool = False  # the authors' option: a short ResNet run needs it (docs/methods.md, "DINO")
 
     def validate(self, cfg) -> None:
-        from kontrast.augment import get_recipe
         if len(get_recipe(cfg.augment.recipe or DINO.recipe)) < 2:  # the first 2 views are the teacher's
             raise UserError("dino needs at least 2 views; use augment.recipe dino_multicrop or byol_cifar")
 
@@ -73,12 +69,8 @@ class DINO(Method):
         with float32(s):  # logits / tau_t (0.04): softmaxes in float32
             loss = dino_loss(s, t, self.centre, p.student_temp, tau_t)  # H(P_t(x), P_s(x')), x' != x
         sums = self.ranks.gather(t.sum((0, 1))[None])  # [W, K] every rank's sum over its 2b teacher outputs
-        q = teacher_distribution(t, self.centre, tau_t)  # [2, B, K] the targets (metrics only)
-        used = q.mean((0, 1))  # [K] this rank's batch-mean target: how much each prototype is used
         return {"loss": loss, "embedding_std": embedding_std(z[:b]), "teacher_temp": torch.tensor(tau_t),
-                "teacher_entropy": mean_entropy(q),  # per-sample: log K uniform collapse, 0 one-hot (healthy or not)
-                "teacher_batch_entropy": mean_entropy(used),  # of the batch mean: ~0 = one prototype for every image
-                "teacher_top_share": used.max(),  # the most-used prototype's share of the batch (1: dominance collapse)
+                **target_statistics(teacher_distribution(t, self.centre, tau_t)),  # [2, B, K] targets: the collapses
                 "last_layer_frozen": torch.tensor(float(frozen)), "teacher_mean": sums.sum(0) / (2 * b * len(sums))}
 
     def after_step(self, out: dict[str, torch.Tensor], progress: Progress) -> None:
