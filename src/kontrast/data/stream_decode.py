@@ -28,7 +28,8 @@ from PIL import Image, UnidentifiedImageError
 from kontrast.augment.ops import sample_resized_crop
 from kontrast.augment.rng import SampleRNG
 from kontrast.augment.views import ViewSpec
-from kontrast.data.decode import _too_large, pil_to_rgb_array
+from kontrast.data.decode import pil_to_rgb_array
+from kontrast.data.headers import check_image_header
 
 MAX_DRAFT = 8  # libjpeg's smallest scale is 1/8
 
@@ -62,19 +63,10 @@ def draft_factor(boxes: torch.Tensor, specs: Sequence[ViewSpec]) -> int:
 
 
 def image_size(data: bytes) -> tuple[int, int] | str:
-    """``(width, height)`` from the image's header (nothing decoded), or why the bytes are not a usable image."""
-    if not data:
-        return "empty file (0 bytes)"
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # PIL's DecompressionBombWarning: the limit is checked below
-            with Image.open(io.BytesIO(data)) as im:  # reads the header only
-                width, height = im.size
-    except UnidentifiedImageError:
-        return "not a recognised image format"
-    except Exception as exc:  # PIL raises many types for bad headers (OSError, SyntaxError, ...)
-        return " ".join(f"{type(exc).__name__}: {exc}".split())
-    return _too_large(height, width) or (width, height)
+    """``(width, height)`` from the image's header (nothing decoded), or why the bytes are not a usable image: the
+    index pass's check (:func:`kontrast.data.headers.check_image_header`), so both name a bad file alike."""
+    checked = check_image_header(data)
+    return checked if isinstance(checked, str) else (checked[1], checked[2])
 
 
 def decode_views(data: bytes, key: int, sample: int, specs: Sequence[ViewSpec]) -> list[torch.Tensor] | str:
