@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from kontrast.cli import main
+from cli_in_process import in_process
 
 N, BATCH, EPOCHS = 48, 16, 2  # 3 steps per epoch, 6 in all
 STEPS_PER_EPOCH = N // BATCH
@@ -41,17 +41,6 @@ def train_args(method: str, out: Path) -> list[str]:
 def run_cli(args: list[str], faults: str = "") -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "KONTRAST_FAULTS": faults, "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", "kontrast.cli", *args], capture_output=True, text=True, env=env)
-
-
-def in_process(args: list[str], monkeypatch, faults: str = "") -> int:
-    """The CLI in this process (saves a fresh interpreter where no process-level behaviour is tested)."""
-    threads = torch.get_num_threads()
-    monkeypatch.setenv("KONTRAST_FAULTS", faults)
-    try:
-        return main(args)
-    finally:
-        torch.set_num_threads(threads)
-        monkeypatch.delenv("KONTRAST_FAULTS")
 
 
 def loss_trace(run: Path) -> list[dict]:

@@ -21,7 +21,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from kontrast.cli import main
+from cli_in_process import in_process
 from kontrast.data import batch_indices, write_folder_shards, write_shapes_files
 from kontrast.data.stream_source import open_stream
 from kontrast.methods import METHODS
@@ -34,16 +34,6 @@ def train_args(data: Path | str, out: Path, *extra: str) -> list[str]:
     return ["train", "--data", str(data), "--epochs", str(EPOCHS), "--batch-size", str(BATCH), "--out", str(out),
             "--no-progress", "--set", "encoder.width=0.125", "--set", "data.size=16", "--set", "train.log_every=1",
             "--set", "train.num_threads=1", "--set", "train.device=cpu", "--set", "data.mode=stream", *extra]
-
-
-def in_process(args: list[str], monkeypatch, faults: str = "") -> int:
-    threads = torch.get_num_threads()
-    monkeypatch.setenv("KONTRAST_FAULTS", faults)
-    try:
-        return main(args)
-    finally:
-        torch.set_num_threads(threads)
-        monkeypatch.delenv("KONTRAST_FAULTS")
 
 
 def final_state(run: Path) -> dict[str, torch.Tensor]:
