@@ -75,20 +75,13 @@ def sample_resized_crop(
     top = torch.minimum(torch.floor(u_top * (hs - h + 1)), hs - h)  # [B] ~ randint(0, H-h+1)
     left = torch.minimum(torch.floor(u_left * (ws - w + 1)), ws - w)  # [B]
     found = fits.any(dim=1)  # [B]
-    if sized:  # per-sample fallbacks, computed only when a sample needs one
-        fallback = (torch.tensor([_central_crop(int(a), int(b), ratio) for a, b in zip(height, width)])
-                    if not bool(found.all()) else torch.zeros(batch, 4))  # [B, 4]
-        return torch.where(found[:, None], torch.stack([top, left, h, w], dim=1), fallback.to(top.dtype))
-    fb_top, fb_left, fb_h, fb_w = _central_crop(height, width, ratio)
-    return torch.stack(
-        [
-            torch.where(found, top, fb_top),
-            torch.where(found, left, fb_left),
-            torch.where(found, h, fb_h),
-            torch.where(found, w, fb_w),
-        ],
-        dim=1,
-    )  # [B, 4]
+    if not sized:  # torchvision's fallback for a sample with no fitting try, one for the whole batch
+        fallback = torch.tensor(_central_crop(height, width, ratio))  # [4]
+    elif bool(found.all()):
+        fallback = torch.zeros(4)  # [4] unused
+    else:  # per sample, computed only when one needs it
+        fallback = torch.tensor([_central_crop(int(a), int(b), ratio) for a, b in zip(height, width)])  # [B, 4]
+    return torch.where(found[:, None], torch.stack([top, left, h, w], dim=1), fallback.to(top))  # [B, 4]
 
 
 def _central_crop(height: int, width: int, ratio: tuple[float, float]) -> list[float]:
