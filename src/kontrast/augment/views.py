@@ -250,12 +250,10 @@ def view_maker(specs: Sequence[ViewSpec], compile: bool = False, cropped: bool =
     Recipes with RandAugment stay eager: compiled, InfoMin's views ran at half the eager speed
     (docs/performance.md §6). ``cropped``: ``images`` is a list of crops per view made at decode time
     (the streaming path), and :func:`make_cropped_views` applies the rest."""
-    specs = tuple(specs)
+    specs, make = tuple(specs), make_cropped_views if cropped else make_views
 
     def views(images, ids: Tensor, key) -> list[Tensor]:
-        if cropped:
-            return make_cropped_views(images, specs, SampleRNG(key, ids))
-        return make_views(images, specs, SampleRNG(key, ids))
+        return make(images, specs, SampleRNG(key, ids))
 
     if compile and not any(s.randaugment_n > 0 for s in specs):
         return torch.compile(views, dynamic=False)
