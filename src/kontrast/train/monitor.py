@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from kontrast.config import Config
 from kontrast.data import load_images
-from kontrast.data.stream_source import is_shard_spec
+from kontrast.data.stream_source import StreamSource, is_shard_spec
 from kontrast.errors import UserError
 from kontrast.evaluate.protocol import evaluate_encoder
 from kontrast.methods.build import view_specs
@@ -37,7 +37,7 @@ class KnnMonitor:
                 raise
             print(f"note: no kNN monitor: {exc}", file=sys.stderr)
             return None
-        if not hasattr(data, "x"):  # the streaming path: the monitor's bank decoded whole, at most knn_max_train
+        if isinstance(data, StreamSource):  # the streaming path: the monitor's bank decoded whole, at most knn_max_train
             data = data.decoded(tc.knn_max_train, cfg.data.size, seed=tc.seed)
         return cls(cfg, ctx, data, test.subset(tc.knn_max_test, seed=tc.seed))
 
