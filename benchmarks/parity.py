@@ -101,8 +101,9 @@ def peer_views(cfg) -> list[dict]:
     differ from ViewSpec's defaults (peer_common.VIEW_DEFAULTS)."""
     from kontrast.augment import recipe_views
     from kontrast.methods import METHODS as REGISTRY
+    from kontrast.methods.build import run_recipe
 
-    specs = recipe_views(cfg.augment.recipe or REGISTRY.get(cfg.method.name).recipe, cfg.data.size, cfg.augment.view)
+    specs = recipe_views(run_recipe(cfg, REGISTRY.get(cfg.method.name)), cfg.data.size, cfg.augment.view)
     return [view_delta(json.loads(json.dumps(dataclasses.asdict(s)))) for s in specs]
 
 

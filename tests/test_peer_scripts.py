@@ -15,7 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
-from kontrast.augment import ViewSpec, color, get_recipe
+from kontrast.augment import ViewSpec, color, recipe_views
 from kontrast.data import load_images
 from kontrast.evaluate.knn import knn_top1 as kontrast_knn_top1
 
@@ -103,8 +103,8 @@ def test_every_setting_of_kontrasts_config_reaches_the_peer(method):
     assert _flag_value(flags, "--optim") == cfg.optim.name
     assert int(_flag_value(flags, "--train-limit")) == 20000 and int(_flag_value(flags, "--batch")) == 256
     views = [peer_common.full_view(v) for v in json.loads(_flag_value(flags, "--views"))]
-    recipe = get_recipe(cfg.augment.recipe or {"simclr": "simclr_cifar", "simsiam": "simsiam_cifar",
-                                               "swav": "swav_multicrop"}.get(method, method))
+    recipe = recipe_views(cfg.augment.recipe or {"simclr": "simclr_cifar", "simsiam": "simsiam_cifar",
+                                                  "swav": "swav_multicrop"}.get(method, method), cfg.data.size)
     assert len(views) == len(recipe)
     for got, spec in zip(views, recipe):
         want = json.loads(json.dumps(dataclasses.asdict(spec)))

@@ -17,20 +17,14 @@ from kontrast.augment.color import (
 from kontrast.augment.ops import hflip, resized_crop, sample_resized_crop
 from kontrast.augment.rng import SampleRNG, derive_key, key_tensor
 from kontrast.augment.sampling import sample_mask, sample_uniform
-from kontrast.augment.views import (
-    RECIPES,
-    ViewSpec,
-    eval_view,
-    get_recipe,
-    make_view,
-    make_views,
-    recipe_views,
-    to_float,
-    view_maker,
-)
+from kontrast.augment.recipes import IMAGENET_RECIPES, NATIVE_SIZE, RECIPES, get_recipe, native_recipe, recipe_views
+from kontrast.augment.spec import ViewSpec, blur_kernel_for
+from kontrast.augment.views import eval_view, make_view, make_views, to_float, view_maker
 
 __all__ = [
     "GRAY_WEIGHTS",
+    "IMAGENET_RECIPES",
+    "NATIVE_SIZE",
     "RECIPES",
     "ColorJitterParams",
     "SampleRNG",
@@ -39,6 +33,7 @@ __all__ = [
     "adjust_contrast",
     "adjust_hue",
     "adjust_saturation",
+    "blur_kernel_for",
     "color_jitter",
     "derive_key",
     "key_tensor",
@@ -49,6 +44,7 @@ __all__ = [
     "hflip",
     "make_view",
     "make_views",
+    "native_recipe",
     "recipe_views",
     "view_maker",
     "normalize",

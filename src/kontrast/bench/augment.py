@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from kontrast.augment import SampleRNG, ViewSpec, derive_key, get_recipe, key_tensor, make_views, view_maker
-from kontrast.augment.views import SOLARIZE_THRESHOLD
+from kontrast.augment.spec import SOLARIZE_THRESHOLD, blur_kernel_for
 
 
 def resolved_recipe(name: str, size: int) -> tuple[ViewSpec, ...]:
@@ -44,7 +44,7 @@ def torchvision_pipeline(spec: ViewSpec):
     if spec.gray_p > 0:
         t.append(v2.RandomGrayscale(spec.gray_p))
     if spec.blur_p > 0:
-        t.append(v2.RandomApply([v2.GaussianBlur(spec.blur_kernel, spec.blur_sigma)], p=spec.blur_p))
+        t.append(v2.RandomApply([v2.GaussianBlur(spec.blur_kernel or blur_kernel_for(spec.size), spec.blur_sigma)], p=spec.blur_p))
     if spec.randaugment_n > 0:
         t.append(v2.RandAugment(num_ops=spec.randaugment_n, magnitude=round(spec.randaugment_m * 3)))
     t += [v2.ToImage(), v2.ToDtype(torch.float32, scale=True)]

@@ -8,7 +8,7 @@ what spans sections. ``create_method(cfg)`` builds the encoder and the method fr
 
 from __future__ import annotations
 
-from kontrast.augment import recipe_views
+from kontrast.augment import native_recipe, recipe_views
 from kontrast.config import Config, build_config, merge
 from kontrast.encoders import check_encoder_name, create_encoder
 from kontrast.encoders.vit import VIT_SIZES
@@ -102,4 +102,10 @@ def view_specs(cfg: Config, method: Method) -> tuple:
         if cfg.augment.recipe or cfg.augment.view:
             raise UserError(f"method {cfg.method.name} takes no image augmentation; remove the augment settings")
         return ()
-    return recipe_views(cfg.augment.recipe or method.recipe, cfg.data.size, cfg.augment.view)
+    return recipe_views(run_recipe(cfg, method), cfg.data.size, cfg.augment.view)
+
+
+def run_recipe(cfg: Config, method: Method) -> str:
+    """``augment.recipe`` if set, else the method's recipe at ``data.size``: its ImageNet version from
+    ``NATIVE_SIZE`` px up (:func:`kontrast.augment.native_recipe`)."""
+    return cfg.augment.recipe or native_recipe(method.recipe, cfg.data.size)
