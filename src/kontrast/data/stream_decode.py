@@ -8,9 +8,13 @@ the view's side. The box is drawn exactly as the memory path draws it on the dev
 decodes it, nor on the batch, nor on where a run resumed. The device then applies the rest of the recipe,
 drawing from the same per-(sample, view) stream after the crop's draws (``view_maker(..., cropped=True)``).
 
-Decoding is PIL's, with JPEG draft mode: when every crop of the image is at least 2x (4x, 8x) the view's
-side, libjpeg decodes at 1/2 (1/4, 1/8) scale, skipping most of the inverse DCT work (the GUIDE's hint; the
-resize from the reduced image stays an antialiased bilinear, ``Image.resize`` with a box). Guards are the
+Two decoders, each where it was measured faster (docs/performance.md, "Streaming"): when every crop of the image
+is at least 2x (4x, 8x) the view's side, PIL's JPEG draft mode has libjpeg decode at 1/2 (1/4, 1/8) scale,
+skipping most of the inverse DCT work, and ``Image.resize`` with a box resizes each crop (antialiased bilinear);
+a JPEG that must be decoded at full scale goes to ``torchvision.io.decode_jpeg`` and torchvision's antialiased
+``resized_crop`` of the uint8 tensor (1.3-1.8x PIL's full-scale decode and resize from 256-px JPEGs to 96 and
+224 px). Other formats and modes are PIL's. Which decoder an image takes depends only on its boxes, so a sample
+is decoded alike in every run. Guards are the
 memory path's: the decompression-bomb limit from the header before any pixel is decoded, any PIL mode to
 RGB as :func:`kontrast.data.decode.pil_to_rgb_array` does, and a bad file returns its reason, never raises.
 """
@@ -23,7 +27,9 @@ from typing import Sequence
 
 import numpy as np
 import torch
+import torchvision.transforms.v2.functional as TF
 from PIL import Image, UnidentifiedImageError
+from torchvision.io import ImageReadMode, decode_jpeg
 
 from kontrast.augment.ops import sample_resized_crop
 from kontrast.augment.rng import SampleRNG
@@ -87,6 +93,8 @@ def decode_crops(data: bytes, boxes: torch.Tensor, specs: Sequence[ViewSpec]) ->
             with Image.open(io.BytesIO(data)) as im:  # reads the header only
                 width, height = im.size
                 factor = draft_factor(boxes, specs)
+                if factor == 1 and im.format == "JPEG" and im.mode in ("RGB", "L"):
+                    return _full_scale_crops(data, boxes, specs)
                 if factor > 1 and im.format in ("JPEG", "MPO"):
                     im.draft("RGB", (width // factor, height // factor))  # decode at 1/factor scale (or finer)
                 im.load()  # truncated and corrupt files fail here
@@ -97,6 +105,13 @@ def decode_crops(data: bytes, boxes: torch.Tensor, specs: Sequence[ViewSpec]) ->
         return "not a recognised image format"
     except Exception as exc:  # PIL raises many types for bad files (OSError, SyntaxError, ...)
         return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
+def _full_scale_crops(data: bytes, boxes: torch.Tensor, specs: Sequence[ViewSpec]) -> list[torch.Tensor]:
+    """A JPEG decoded at full scale by torchvision.io, each box resized by torchvision (uint8 ``[3, S, S]``)."""
+    image = decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)  # [3, H, W]
+    return [TF.resized_crop(image, *map(int, box), [spec.size, spec.size], antialias=True)
+            for box, spec in zip(boxes.tolist(), specs)]
 
 
 def _crop(im: Image.Image, box: list[float], sx: float, sy: float, size: int) -> torch.Tensor:
