@@ -161,7 +161,7 @@ def memory(args) -> None:
             row = measure(cmd, work / f"{Path(data).name}-{mode}.log", stop)
             lines = (work / f"{Path(data).name}-{mode}.log").read_text().splitlines()
             row.update(data=data, mode=mode, steps=args.steps, first_line=next((x for x in lines if x.startswith(
-                "data:")), ""), command=f"KONTRAST_FAULTS={stop['KONTRAST_FAULTS']} " + " ".join(cmd[2:]))
+                "data:")), ""), command=f"KONTRAST_FAULTS={stop['KONTRAST_FAULTS']} kontrast " + " ".join(cmd[3:]))
             print(json.dumps(row), flush=True)
 
 
@@ -171,23 +171,24 @@ def train(args) -> None:
     work.mkdir(parents=True, exist_ok=True)
     for rep in range(args.repeats):
         out = work / f"ours-{rep}"
-        cmd = train_command(args.data, out, mode="stream", batch=128, workers=2, threads=args.threads)
-        cmd += ["--set", f"data.limit={args.steps * 128}"]
+        cmd = train_command(args.data, out, mode="stream", batch=args.batch, workers=2, threads=args.threads)
+        cmd += ["--set", f"data.limit={args.steps * args.batch}"]
         row = measure(cmd, work / f"ours-{rep}.log")
         summary = json.loads((out / "summary.json").read_text())
         rates = [json.loads(x).get("img_per_s") for x in (out / "metrics.jsonl").read_text().splitlines()]
         rates = [r for r in rates if r]
         ours = {"side": "kontrast", **row, "img_per_s": summary["img_per_s"],
-                "img_per_s_steady": round(sum(rates[1:]) / max(1, len(rates[1:])), 1), "command": " ".join(cmd[2:])}
+                "img_per_s_steady": round(sum(rates[1:]) / max(1, len(rates[1:])), 1), "command": "kontrast " + " ".join(cmd[3:])}
         print(json.dumps(ours), flush=True)
         if args.peer_python:
             peer_cmd = [args.peer_python, str(PEER_SCRIPT), "--data", args.data, "--size", "96", "--stem", "imagenet",
-                        "--steps", str(args.steps), "--batch", "128", "--workers", "2", "--threads", str(args.threads)]
+                        "--steps", str(args.steps), "--batch", str(args.batch), "--workers", "2", "--threads", str(args.threads)]
             row = measure(peer_cmd, work / f"peer-{rep}.log")
             res = json.loads((work / f"peer-{rep}.log").read_text().strip().splitlines()[-1])
             print(json.dumps({"side": "peer", **row, "img_per_s_wall": round(res["img_per_s_wall"], 1),
                               "img_per_s_compute": round(res["img_per_s_compute"], 1),
                               "ratio_kontrast_over_peer": round(ours["img_per_s"] / res["img_per_s_wall"], 3),
+                              "ratio_steady_over_peer_compute": round(ours["img_per_s_steady"] / res["img_per_s_compute"], 3),
                               "command": " ".join(peer_cmd)}), flush=True)
 
 

@@ -170,6 +170,32 @@ def test_a_bad_file_mid_epoch_stops_strictly_or_is_replaced_deterministically(tm
     shutil.rmtree(photos)
 
 
+@pytest.mark.slow  # new processes (about 15 s)
+def test_a_bad_file_on_one_of_two_processes_stops_both_after_a_checkpoint(tmp_path):
+    """--nproc 2, strict: the rank that meets the file tells the other (one flag a step), both stop before the
+    same step, the state before it is checkpointed once, and each names the file; then --skip-bad-images resumes."""
+    photos = tmp_path / "photos"
+    write_shapes_files(photos, N - 1, size=40, seed=3)
+    bad = photos / "train" / "circle" / "zz_bad.png"
+    bad.write_bytes(_corrupt_png())
+    number = open_stream(photos).paths.index("train/circle/zz_bad.png")
+    seed = next(s for s in range(20) if number not in batch_indices(N, BATCH, 0, s)[0].tolist())  # not in step 1
+    first = next(i + 1 for i, idx in enumerate(batch_indices(N, BATCH, 0, seed)) if number in idx.tolist())
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    env.pop("WORLD_SIZE", None)
+    out = tmp_path / "run"
+    args = [sys.executable, "-m", "kontrast.cli", *train_args(photos, out, "--set", f"train.seed={seed}",
+                                                              "--set", "data.workers=0"), "--nproc", "2"]
+    done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert errors and all(f"unreadable image {bad}" in e and f"step-{first - 1:08d}" in e for e in errors), errors
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [f"step-{first - 1:08d}"]
+    done = subprocess.run([*args, "--resume", "--skip-bad-images"], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1])["bad_images_replaced"] >= 1
+
+
 @pytest.mark.slow  # new processes (about 10 s)
 def test_two_processes_read_only_their_own_samples_and_equal_one(folder, tmp_path):
     """--nproc 2 on the streaming path: each rank decodes only its half of every global batch (traced), and the

@@ -128,6 +128,16 @@ def max_over_ranks(value: int) -> int:
     return int(t.item())
 
 
+def first_over_ranks(item):
+    """The lowest rank's ``item`` that is not None (any picklable value), the same on every rank; None when no
+    rank has one. One 1-int all_reduce a call; the objects travel only when some rank has one."""
+    if not max_over_ranks(int(item is not None)):
+        return None
+    items = [None] * dist.get_world_size()
+    dist.all_gather_object(items, item)
+    return next(x for x in items if x is not None)
+
+
 def mean_metrics(metrics: dict[str, float], world: int) -> dict[str, float]:
     """Each logged metric averaged over ranks (the loss: the mean over every rank's anchors)."""
     keys = sorted(metrics)

@@ -222,9 +222,11 @@ def _fit(cfg: Config, run_dir: Path, resume: bool, overwrite: bool, progress: bo
                 if epoch not in keyed:
                     keyed = {epoch: key_tensor(derive_key("augment", tc.seed, epoch), ctx.device)}
                 bad = check_batch(batch, step + 1, counters, warn)
-                if bad:  # strict: the state before this batch is good; keep it (one process: ranks would wait)
+                if ranks.world > 1 and train.stream is not None:  # one rank's bad file stops all before this step
+                    bad = distributed.first_over_ranks(bad)
+                if bad:  # strict: the state before this batch is good; keep it
                     done = latest_checkpoint(run_dir)
-                    if ranks.world == 1 and step > start_step and (done is None or done.name != f"step-{step:08d}"):
+                    if step > start_step and (done is None or done.name != f"step-{step:08d}"):
                         done = save()
                     raise bad_image_error(bad, step + 1, done)
                 result = train_step(ctx, idx, keyed[epoch], schedule.progress(step, epoch), batch=batch)
