@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from scipy.optimize import linear_sum_assignment
 
 
 def _plus_plus(x: torch.Tensor, k: int, g: torch.Generator) -> torch.Tensor:
@@ -91,6 +90,8 @@ def hungarian_accuracy(clusters: torch.Tensor, labels: torch.Tensor) -> float:
     method, scipy's ``linear_sum_assignment``); with more clusters than classes the extra ones score 0.
     """
     table = contingency(clusters, labels)  # [Kc, Ky]
+    from scipy.optimize import linear_sum_assignment  # here: every training process imports this module (monitor)
+
     rows, cols = linear_sum_assignment(table.numpy(), maximize=True)
     return float(table[rows, cols].sum()) / len(torch.as_tensor(labels))
 
