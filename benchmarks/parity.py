@@ -48,7 +48,7 @@ METHOD_FLAGS = {
     "simclr": {"temperature": "temperature", "proj_hidden": "proj-hidden", "proj_dim": "proj-dim"},
     "moco_v2": {"temperature": "temperature", "queue_size": "queue-size", "momentum": "ema-momentum",
                 "proj_hidden": "proj-hidden", "proj_dim": "proj-dim", "symmetric": "symmetric", "proj_bn": "proj-bn",
-                "bn_groups": None},
+                "bn_groups": None, "head_bn_groups": None},
     "byol": {"proj_hidden": "proj-hidden", "proj_dim": "proj-dim", "pred_hidden": "pred-hidden",
              "base_momentum": "ema-momentum"},
     "swav": {"temperature": "temperature", "num_prototypes": "num-prototypes", "proj_hidden": "proj-hidden",
@@ -118,12 +118,15 @@ def peer_settings(cfg, args) -> tuple[list[str], list[str], list[str]]:
         value = getattr(cfg.method.params, field.name)
         if field.name not in METHOD_FLAGS[name]:
             unknown.append(f"method.{field.name}={value}")
+        elif field.name == "head_bn_groups":  # lightly's head always sees the whole view: the note below
+            pass
         elif field.name == "bn_groups":  # kontrast: BN groups per view (encoders/batchnorm.py); lightly: SplitBatchNorm
             splits = value if value > 1 else 0
             flags += ["--bn-splits", str(splits)]
-            diffs.append(f"shuffling BN: kontrast {value} BN groups per view in the query and key networks, projection "
-                         f"head included; lightly SplitBatchNorm with {max(splits, 1)} splits per view in the backbone "
-                         "only (the head's BN sees the whole view)")
+            if cfg.method.params.head_bn_groups and splits:
+                diffs.append(f"shuffling BN: kontrast {value} BN groups per view in the query and key networks, "
+                             f"projection head included; lightly SplitBatchNorm with {splits} splits per view in the "
+                             "backbone only (the head's BN sees the whole view; kontrast: method.head_bn_groups=false)")
             if splits and cfg.train.batch_size % splits:
                 unknown.append(f"method.bn_groups={value}: lightly's SplitBatchNorm needs a batch divisible by it")
         else:

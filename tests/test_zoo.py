@@ -408,6 +408,22 @@ def test_moco_v1_asymmetric_forwards_only_what_its_loss_uses():
     assert sum(map(len, both["online"])) == sum(map(len, both["target"])) == 32
 
 
+def test_moco_head_bn_over_the_whole_view_when_asked():
+    """``head_bn_groups`` false (lightly's SplitBatchNorm in the backbone only): the encoders still see 8 groups a
+    view, the heads one call a view; the default runs the heads in the encoders' groups (each GPU's whole net)."""
+    from kontrast.methods import METHODS
+
+    cls = METHODS.get("moco_v2")
+    for head_groups, calls in ((True, 16), (False, 2)):
+        method = cls(_Probe(), cls.Params(queue_size=64, bn_groups=8, head_bn_groups=head_groups))
+        seen = {"encoder": 0, "online head": 0, "target head": 0}
+        for role, part in (("encoder", method.encoder), ("online head", method.projector),
+                           ("target head", method.target.net[1])):
+            part.register_forward_pre_hook(lambda m, args, r=role: seen.__setitem__(r, seen[r] + 1))
+        method.training_step(_marked_views(16))["loss"].backward()
+        assert seen == {"encoder": 16, "online head": calls, "target head": calls}
+
+
 @pytest.mark.parametrize("name", ["moco_v2", "moco_v1", "infomin"])
 @pytest.mark.parametrize("b", [18, 25])
 def test_moco_trains_a_step_at_batches_not_divisible_by_the_groups(name, b):

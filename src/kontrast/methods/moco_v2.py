@@ -43,6 +43,8 @@ class MoCoV2Params:
     symmetric: bool = True  # loss on both (q1, k2) and (q2, k1)
     proj_bn: bool = True  # BN in the head's hidden layer (see docstring)
     bn_groups: int = checked(8, ge=1)  # shuffling-BN emulation: BN groups per view, as 8 GPUs (the authors' CIFAR demo)
+    head_bn_groups: bool = True  # the head's BN in those groups too, as each GPU runs the whole network; False: over
+    # the whole view (lightly's SplitBatchNorm sits in the backbone only; one process only)
 
     def validate(self, cfg) -> None:
         """The queue must hold at least one step's keys, and each BN group (per view) needs 2 samples."""
@@ -75,6 +77,9 @@ class MoCoV2(Method):
 
     @classmethod
     def check_world(cls, params: MoCoV2Params, world: int, batch_size: int) -> None:
+        if world > 1 and not params.head_bn_groups:
+            raise UserError("config key 'method.head_bn_groups' false runs on one process only (the head's BN would "
+                            "see one rank's share of the view); set it to true or drop --nproc")
         if params.bn_groups % world:
             raise UserError(f"config key 'method.bn_groups' ({params.bn_groups}) must divide by the number of "
                             f"processes ({world}): each process forwards bn_groups / {world} BN groups")
@@ -87,18 +92,18 @@ class MoCoV2(Method):
         p, b, ranks = self.params, views[0].shape[0], self.ranks
         online, target = self._online(), self.target.net
         groups = p.bn_groups // ranks.world  # on W ranks each emulates bn_groups / W of the GPUs
-        q1 = grouped_forward(online, views[0], groups)  # [B, proj_dim] queries, BN groups within view 1
+        q1 = self._grouped(online, views[0], lambda n, x: grouped_forward(n, x, groups))  # [B, proj_dim] queries
         with torch.no_grad():  # keys: random BN groups within view 2 (across ranks on several)
-            k2 = shuffled_forward(target, views[1], p.bn_groups, ranks)  # [B, proj_dim]
+            k2 = self._grouped(target, views[1], lambda n, x: shuffled_forward(n, x, p.bn_groups, ranks))  # [B, D]
         queue = self.queue.items.clone()  # [K, proj_dim] negatives before this step's push
         positives = torch.zeros(b, dtype=torch.long, device=q1.device)  # [B] column 0: the key of the same image
         scores = moco_scores(q1, k2, queue, p.temperature)  # [B, 1+K] cos(q1, [k2, queue]) / tau
         loss = info_nce(scores, positives)
         keys = ranks.gather(k2)  # [BW, proj_dim] every rank's keys enter the queue (one process: k2)
         if p.symmetric:  # the other direction; the asymmetric loss (MoCo v1) forwards neither q2 nor k1
-            q2 = grouped_forward(online, views[1], groups)  # [B, proj_dim]
+            q2 = self._grouped(online, views[1], lambda n, x: grouped_forward(n, x, groups))  # [B, proj_dim]
             with torch.no_grad():
-                k1 = shuffled_forward(target, views[0], p.bn_groups, ranks)  # [B, proj_dim]
+                k1 = self._grouped(target, views[0], lambda n, x: shuffled_forward(n, x, p.bn_groups, ranks))
             scores = moco_scores(q2, k1, queue, p.temperature)  # [B, 1+K] cos(q2, [k1, queue]) / tau
             loss = (loss + info_nce(scores, positives)) / 2
             keys = torch.cat([ranks.gather(k1), keys])  # [2BW, proj_dim]
@@ -106,6 +111,12 @@ class MoCoV2(Method):
         return {"loss": loss, "embedding_std": embedding_std(q1), "mi_bound": mi_bound(loss, n),
                 "keys": keys}  # [2BW or BW, proj_dim] for the queue, pushed in after_step
 
+    def _grouped(self, net: nn.Sequential, x: torch.Tensor, forward) -> torch.Tensor:
+        """``forward(net, x)`` (one view in BN groups); with ``head_bn_groups`` false the groups reach the encoder
+        ``net[0]`` only and the head ``net[1]`` runs once on the whole view."""
+        return forward(net, x) if self.params.head_bn_groups else net[1](forward(net[0], x))
+
     def after_step(self, out: dict[str, torch.Tensor], progress: Progress) -> None:
         self.target.update(self._online(), self.params.momentum)
         self.queue.push(nn.functional.normalize(out["keys"].float(), dim=1))
+
