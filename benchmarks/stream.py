@@ -8,16 +8,20 @@ benchmarks/setup_peer.sh):
     .venv/bin/python benchmarks/stream.py decode --data DIR/n10000 --peer-python PEER
     .venv/bin/python benchmarks/stream.py memory --data DIR/n10000,DIR/n100000
     .venv/bin/python benchmarks/stream.py train --data DIR/n10000 --peer-python PEER
+    .venv/bin/python benchmarks/stream.py loader --data DIR/n10000 --peer-python PEER
 
 - decode: one worker's images/s (1 thread, one process, two views per image) turning 256-px JPEGs into the
-  SimCLR ImageNet recipe's crops at 96 and 224 px: kontrast's decoder (PIL with JPEG draft mode, the box resized
-  by PIL), the same without draft mode, torchvision.io's decode_jpeg + torchvision's resized_crop, and in the
+  SimCLR ImageNet recipe's crops at 96 and 224 px: kontrast's worker as shipped (PIL with JPEG draft mode where
+  every crop allows it, else torchvision.io), then PIL alone (draft mode, and without it), torchvision.io alone
+  (decode_jpeg + torchvision's resized_crop), and in the
   peer's venv its whole per-image pipeline (torchvision ImageFolder + PIL + lightly's SimCLRTransform: the target's
   reference) and its decode + two RandomResizedCrops alone (the same work as kontrast's worker).
 - memory: the peak proportional set size (PSS: shared pages counted once) of the whole process tree, DataLoader
   workers included, of a streaming run and of a memory-path run on each folder, stopped after --steps steps.
 - train: end-to-end images/s of SimCLR (ResNet-18, ImageNet stem, 96 px, batch 128, 2 workers) against the
   peer's ../shared/bench/lightly_simclr.py --size 96 --stem imagenet on the same folder.
+- loader: the same data path with no model (2 workers, batch 128, 96 px): kontrast's batches plus the rest of the
+  recipe run on the CPU, against the peer's DataLoader over ImageFolder with SimCLRTransform.
 """
 
 from __future__ import annotations
@@ -86,21 +90,58 @@ def decode(args) -> None:
         specs = recipe_views(native_recipe("simclr_cifar", size), size)
         views = stream_dataset.StreamViews(source, specs, seed=0)
         row = {"data": args.data, "size": size, "recipe": native_recipe("simclr_cifar", size)}
-        row["kontrast_pil_draft"] = _rate(views.__getitems__, n, args.seconds, args.batch)
+        row["kontrast"] = _rate(views.__getitems__, n, args.seconds, args.batch)  # as shipped: draft-mode PIL or tv.io
+        stream_decode.FULL_SCALE_JPEG = "pil"
+        row["pil_draft_only"] = _rate(views.__getitems__, n, args.seconds, args.batch)
         stream_decode.MAX_DRAFT, draft = 1, stream_decode.MAX_DRAFT
-        row["kontrast_pil_no_draft"] = _rate(views.__getitems__, n, args.seconds, args.batch)
-        stream_decode.MAX_DRAFT = draft
+        row["pil_no_draft"] = _rate(views.__getitems__, n, args.seconds, args.batch)
+        stream_decode.MAX_DRAFT, stream_decode.FULL_SCALE_JPEG = draft, "torchvision"
         stream_dataset.decode_crops = tv_io_crops  # the same boxes, headers and batching; another decoder
-        row["kontrast_torchvision_io"] = _rate(views.__getitems__, n, args.seconds, args.batch)
+        row["torchvision_io_only"] = _rate(views.__getitems__, n, args.seconds, args.batch)
         stream_dataset.decode_crops = pil_crops
         if args.peer_python:
             for name, extra in (("peer_imagefolder_simclrtransform", []), ("peer_imagefolder_crops_only", ["--crop-only"])):
                 out = subprocess.run([args.peer_python, str(DECODE_PEER), "--data", args.data, "--size", str(size),
                                       "--seconds", str(args.seconds), *extra], capture_output=True, text=True, check=True)
                 row[name] = json.loads(out.stdout.strip().splitlines()[-1])["img_per_s"]
-            row["kontrast_vs_peer"] = row["kontrast_pil_draft"] / row["peer_imagefolder_simclrtransform"]
-            row["kontrast_vs_peer_crops_only"] = row["kontrast_pil_draft"] / row["peer_imagefolder_crops_only"]
+            row["kontrast_vs_peer"] = row["kontrast"] / row["peer_imagefolder_simclrtransform"]
+            row["kontrast_vs_peer_crops_only"] = row["kontrast"] / row["peer_imagefolder_crops_only"]
         print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+
+
+# ----------------------------------------------------------------------------------------------------- loader
+def loader(args) -> None:
+    """The data path alone, as training drives it (2 workers, batch 128, 96 px, no model): kontrast's batches and
+    the rest of the recipe on the CPU in the training process, against the peer's DataLoader over ImageFolder with
+    lightly's SimCLRTransform (benchmarks/peer/decode_peer.py --loader)."""
+    import kontrast
+    from kontrast.augment import derive_key, key_tensor, native_recipe, recipe_views, view_maker
+    from kontrast.train.data_path import epoch_batches, load_train_data
+
+    torch.set_num_threads(args.threads)
+    cpu = torch.device("cpu")
+    cfg = kontrast.resolve({"method": {"name": "simclr"}, "data": {"source": args.data, "size": 96, "mode": "stream",
+                            "workers": 2, "limit": (args.steps + 2) * args.batch},
+                            "train": {"batch_size": args.batch, "epochs": 1}})
+    specs = recipe_views(native_recipe("simclr_cifar", 96), 96)
+    make, key = view_maker(specs, cropped=True), key_tensor(derive_key("augment", 0, 0))
+    batches = epoch_batches(load_train_data(cfg, cpu, ""), cfg, specs, 0, 0, 1, cpu)
+    for step, (_, _, idx, batch) in enumerate(batches):
+        if step == 2:  # the workers have started and filled their prefetch
+            start = time.perf_counter()
+        make(batch.views, idx, key)
+        if step == args.steps + 1:
+            break
+    rate = args.steps * args.batch / (time.perf_counter() - start)
+    batches.close()
+    row = {"side": "kontrast", "img_per_s": round(rate, 1), "steps": args.steps, "batch": args.batch}
+    print(json.dumps(row), flush=True)
+    if args.peer_python:
+        out = subprocess.run([args.peer_python, str(DECODE_PEER), "--data", args.data, "--size", "96", "--loader",
+                              "--steps", str(args.steps), "--batch", str(args.batch), "--threads", str(args.threads)],
+                             capture_output=True, text=True, check=True)
+        peer = json.loads(out.stdout.strip().splitlines()[-1])
+        print(json.dumps({"side": "peer", **peer, "ratio_kontrast_over_peer": round(rate / peer["img_per_s"], 2)}))
 
 
 # ----------------------------------------------------------------------------------------------------- memory
@@ -205,7 +246,7 @@ def main() -> None:
     d.add_argument("--seconds", type=float, default=15.0)
     d.add_argument("--batch", type=int, default=32, help="samples per fetch (a worker's share of a batch)")
     d.add_argument("--peer-python", default=os.environ.get("PEER_PYTHON"))
-    for name in ("memory", "train"):
+    for name in ("memory", "train", "loader"):
         s = sub.add_parser(name)
         s.add_argument("--data", required=True)
         s.add_argument("--steps", type=int, default=10 if name == "memory" else 20)
@@ -215,7 +256,7 @@ def main() -> None:
         s.add_argument("--peer-python", default=os.environ.get("PEER_PYTHON"))
         s.add_argument("--repeats", type=int, default=1)
     args = p.parse_args()
-    {"copies": copies, "decode": decode, "memory": memory, "train": train}[args.what](args)
+    {"copies": copies, "decode": decode, "memory": memory, "train": train, "loader": loader}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,10 @@ p.add_argument("--data", required=True, help="folder holding train/ (ImageFolder
 p.add_argument("--size", type=int, default=96)
 p.add_argument("--seconds", type=float, default=15.0)
 p.add_argument("--crop-only", action="store_true", help="two RandomResizedCrops only (decode + crop, as kontrast's worker)")
+p.add_argument("--loader", action="store_true", help="a DataLoader with 2 workers, as lightly_simclr.py feeds training")
+p.add_argument("--steps", type=int, default=20)
+p.add_argument("--batch", type=int, default=128)
+p.add_argument("--threads", type=int, default=2)
 a = p.parse_args()
 torch.set_num_threads(1)
 torch.manual_seed(0)
@@ -33,6 +37,16 @@ if a.crop_only:
 else:
     transform = SimCLRTransform(input_size=a.size, normalize=norm)
 train = torchvision.datasets.ImageFolder(f"{a.data}/train", transform=transform)
+if a.loader:  # lightly_simclr.py's loader: shuffled, 2 workers; the first 2 batches are the warm-up
+    torch.set_num_threads(a.threads)
+    loader = iter(torch.utils.data.DataLoader(train, batch_size=a.batch, shuffle=True, drop_last=True, num_workers=2))
+    for step in range(a.steps + 2):
+        if step == 2:
+            start = time.perf_counter()
+        next(loader)
+    rate = a.steps * a.batch / (time.perf_counter() - start)
+    print(json.dumps({"img_per_s": round(rate, 1), "steps": a.steps, "batch": a.batch}))
+    raise SystemExit(0)
 for i in range(8):  # warm-up
     train[i]
 start, done = time.perf_counter(), 0

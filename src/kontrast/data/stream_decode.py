@@ -38,6 +38,8 @@ from kontrast.data.decode import pil_to_rgb_array
 from kontrast.data.headers import check_image_header
 
 MAX_DRAFT = 8  # libjpeg's smallest scale is 1/8
+MIN_DRAFT = 2  # the smallest reduction worth PIL's draft decode over torchvision's full-scale one
+FULL_SCALE_JPEG = "torchvision"  # the decoder of JPEGs no crop lets draft mode shrink: "torchvision" or "pil"
 
 
 def crop_boxes(key: int, sample: int, height: int, width: int, specs: Sequence[ViewSpec]) -> torch.Tensor:
@@ -93,7 +95,7 @@ def decode_crops(data: bytes, boxes: torch.Tensor, specs: Sequence[ViewSpec]) ->
             with Image.open(io.BytesIO(data)) as im:  # reads the header only
                 width, height = im.size
                 factor = draft_factor(boxes, specs)
-                if factor == 1 and im.format == "JPEG" and im.mode in ("RGB", "L"):
+                if factor < MIN_DRAFT and im.format == "JPEG" and im.mode in ("RGB", "L") and FULL_SCALE_JPEG == "torchvision":
                     return _full_scale_crops(data, boxes, specs)
                 if factor > 1 and im.format in ("JPEG", "MPO"):
                     im.draft("RGB", (width // factor, height // factor))  # decode at 1/factor scale (or finer)
