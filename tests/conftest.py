@@ -17,6 +17,18 @@ def shared_cifar_tar() -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Many small ops: on a shared 2-core box OpenMP barriers make 2 threads far slower than 1
+    (``pytestmark = pytest.mark.usefixtures("one_thread")`` in a module)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(autouse=True)
 def _restore_torch_threads():
     """Every test starts with the process's thread count: a test that sets it (the bench CLI, a 1-thread

@@ -39,13 +39,7 @@ from kontrast.errors import UserError
 ATOL = 1e-5  # every op vs torchvision, float32 (measured: <= 2e-6, exact for crops that upsample)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Many small ops: on a shared 2-core box OpenMP barriers make 2 threads far slower than 1."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def gen(seed: int = 0) -> torch.Generator:

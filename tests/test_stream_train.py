@@ -140,7 +140,8 @@ def _corrupt_png() -> bytes:
     return bytes(data)
 
 
-def test_a_bad_file_mid_epoch_stops_strictly_or_is_replaced_deterministically(tmp_path, monkeypatch, capsys):
+def _photos_with_a_bad_file(tmp_path: Path) -> tuple[Path, Path, int, int]:
+    """(folder, its bad file, a seed that puts the file in step 2 or later, that step)."""
     photos = tmp_path / "photos"
     write_shapes_files(photos, N - 1, size=40, seed=3)
     bad = photos / "train" / "circle" / "zz_bad.png"
@@ -148,6 +149,11 @@ def test_a_bad_file_mid_epoch_stops_strictly_or_is_replaced_deterministically(tm
     number = open_stream(photos).paths.index("train/circle/zz_bad.png")
     seed = next(s for s in range(20) if number not in batch_indices(N, BATCH, 0, s)[0].tolist())  # not in step 1
     first = next(i + 1 for i, idx in enumerate(batch_indices(N, BATCH, 0, seed)) if number in idx.tolist())
+    return photos, bad, seed, first
+
+
+def test_a_bad_file_mid_epoch_stops_strictly_or_is_replaced_deterministically(tmp_path, monkeypatch, capsys):
+    photos, bad, seed, first = _photos_with_a_bad_file(tmp_path)
     common = ["--set", f"train.seed={seed}", "--set", "data.workers=2"]  # checkpoints at epoch ends only
     out = tmp_path / "run"
     capsys.readouterr()
@@ -174,13 +180,7 @@ def test_a_bad_file_mid_epoch_stops_strictly_or_is_replaced_deterministically(tm
 def test_a_bad_file_on_one_of_two_processes_stops_both_after_a_checkpoint(tmp_path):
     """--nproc 2, strict: the rank that meets the file tells the other (one flag a step), both stop before the
     same step, the state before it is checkpointed once, and each names the file; then --skip-bad-images resumes."""
-    photos = tmp_path / "photos"
-    write_shapes_files(photos, N - 1, size=40, seed=3)
-    bad = photos / "train" / "circle" / "zz_bad.png"
-    bad.write_bytes(_corrupt_png())
-    number = open_stream(photos).paths.index("train/circle/zz_bad.png")
-    seed = next(s for s in range(20) if number not in batch_indices(N, BATCH, 0, s)[0].tolist())  # not in step 1
-    first = next(i + 1 for i, idx in enumerate(batch_indices(N, BATCH, 0, seed)) if number in idx.tolist())
+    photos, bad, seed, first = _photos_with_a_bad_file(tmp_path)
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     env.pop("WORLD_SIZE", None)
     out = tmp_path / "run"
