@@ -128,8 +128,8 @@ def _swav(**params):
 def test_multicrop_views_have_their_own_sizes():
     cfg, method = _swav()
     assert [s.size for s in view_specs(cfg, method)] == [32, 32, 16, 16, 16, 16]
-    big = resolve({"method": {"name": "swav"}, "data": {"size": 64}, **TINY})
-    assert [s.size for s in view_specs(big, method)] == [64, 64, 32, 32, 32, 32]
+    native = resolve({"method": {"name": "swav"}, "data": {"size": 64}, **TINY})  # the ImageNet recipe: 2 + 6 at 96/224
+    assert [s.size for s in view_specs(native, method)] == [64, 64, 27, 27, 27, 27, 27, 27]
     views = make_views(torch.randint(0, 256, (4, 3, 40, 40), dtype=torch.uint8), view_specs(cfg, method),
                        torch.Generator().manual_seed(0))
     assert [tuple(v.shape) for v in views] == [(4, 3, 32, 32)] * 2 + [(4, 3, 16, 16)] * 4
