@@ -37,6 +37,8 @@ from pathlib import Path
 
 import torch
 
+from distributed import _pss_mib, _tree  # benchmarks/distributed.py: a process tree and its PSS (shared pages once)
+
 ROOT = Path(__file__).resolve().parents[1]
 PEER_SCRIPT = ROOT.parent / "shared" / "bench" / "lightly_simclr.py"
 DECODE_PEER = ROOT / "benchmarks" / "peer" / "decode_peer.py"
@@ -145,32 +147,6 @@ def loader(args) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------- memory
-def _tree(pid: int) -> list[int]:
-    """``pid`` and its descendants."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        for task in Path(f"/proc/{p}/task").glob("*"):
-            try:
-                todo += [int(c) for c in (task / "children").read_text().split()]
-            except OSError:
-                pass
-    return out
-
-
-def _pss_mib(pids: list[int]) -> float:
-    total = 0
-    for p in pids:
-        try:
-            for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
-                if line.startswith("Pss:"):
-                    total += int(line.split()[1])
-        except OSError:
-            pass  # a worker that just ended
-    return total / 1024
-
-
 def train_command(data: str, out: Path, *, mode: str, batch: int, workers: int, threads: int) -> list[str]:
     return [sys.executable, "-m", "kontrast.cli", "train", "--method", "simclr", "--data", data, "--epochs", "1",
             "--batch-size", str(batch), "--out", str(out), "--overwrite", "--no-progress",
@@ -186,7 +162,7 @@ def measure(cmd: list[str], log: Path, env: dict | None = None) -> dict:
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         while proc.poll() is None:
-            peak = max(peak, _pss_mib(_tree(proc.pid)))
+            peak = max(peak, sum(map(_pss_mib, _tree(proc.pid))))
             time.sleep(0.1)
     return {"exit": proc.returncode, "wall_s": round(time.perf_counter() - start, 1), "peak_pss_mib": round(peak)}
 

@@ -95,7 +95,8 @@ def decode_crops(data: bytes, boxes: torch.Tensor, specs: Sequence[ViewSpec]) ->
             with Image.open(io.BytesIO(data)) as im:  # reads the header only
                 width, height = im.size
                 factor = draft_factor(boxes, specs)
-                if factor < MIN_DRAFT and im.format == "JPEG" and im.mode in ("RGB", "L") and FULL_SCALE_JPEG == "torchvision":
+                full_scale = factor < MIN_DRAFT and FULL_SCALE_JPEG == "torchvision"
+                if full_scale and im.format == "JPEG" and im.mode in ("RGB", "L"):
                     return _full_scale_crops(data, boxes, specs)
                 if factor > 1 and im.format in ("JPEG", "MPO"):
                     im.draft("RGB", (width // factor, height // factor))  # decode at 1/factor scale (or finer)

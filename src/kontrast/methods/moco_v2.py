@@ -119,4 +119,3 @@ class MoCoV2(Method):
     def after_step(self, out: dict[str, torch.Tensor], progress: Progress) -> None:
         self.target.update(self._online(), self.params.momentum)
         self.queue.push(nn.functional.normalize(out["keys"].float(), dim=1))
-
