@@ -38,7 +38,7 @@ PROG = (".venv/bin/python", "benchmarks/vs_peer.py")
 TARGETS = {"train_vs_peer_fp32": 3.0, "train_vs_peer_best": 1.7, "augment_vs_torchvision": 8.0,
            "outside_encoder": {"simclr": 0.10, "moco_v2": 0.15, "byol": 0.15}}
 FULL_WIDTH_VS_PEER_BEST = 1.1  # issue 7: at full width the encoder dominates, so the target vs the peer's best is lower
-PEER_FLAGS = {"fp32": [], "bf16_cl": ["--bf16", "--channels-last"],
+PEER_FLAGS = {"auto": [], "fp32": [], "fp32_cl": ["--channels-last"], "bf16_cl": ["--bf16", "--channels-last"],
               "bf16_cl_compile": ["--bf16", "--channels-last"]}  # the peer has no compile option: its bf16_cl run
 
 

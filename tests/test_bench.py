@@ -151,7 +151,7 @@ def test_torchvision_pipeline_mirrors_the_spec():
 
 
 def test_bad_settings_are_user_errors():
-    with pytest.raises(UserError, match="fp32, bf16_cl or"):
+    with pytest.raises(UserError, match="auto, fp32, fp32_cl, bf16_cl or"):
         run_bench(BenchOptions(sections=("loss",), settings=("fp16",), log=lambda *a: None))
 
 

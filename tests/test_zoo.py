@@ -484,7 +484,7 @@ def test_kernel_infonce_gaussian_is_simclr():
     """The method-level identity: Gaussian kernel, tau = 2 x SimCLR's tau, same weights -> the same loss."""
     torch.manual_seed(0)
     k = _method("kernel_infonce", kernel="gaussian", temperature=1.0)
-    s = _method("simclr", temperature=0.5)
+    s = _method("simclr", temperature=0.5, view_bn="joint")  # kernel_infonce sends both views as one batch
     s.load_state_dict(k.state_dict())
     views = [torch.randn(6, 3, 32, 32), torch.randn(6, 3, 32, 32)]
     assert k.training_step(views)["loss"].item() == pytest.approx(s.training_step(views)["loss"].item(), rel=1e-5)

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field, fields
 from kontrast.errors import UserError
 
 ALL_SECTIONS = ("augment", "step", "loss", "train")
-TRAIN_SETTINGS = ("fp32", "bf16_cl", "bf16_cl_compile")  # end-to-end runs; the step section takes the first two
+# setting -> (train.precision, train.channels_last); "auto" is kontrast's default, decided per machine
+NUMERICS = {"auto": ("auto", "auto"), "fp32": ("fp32", False), "fp32_cl": ("fp32", True), "bf16_cl": ("bf16", True)}
+TRAIN_SETTINGS = (*NUMERICS, "bf16_cl_compile")  # end-to-end runs; the step section takes those of NUMERICS
 
 
 @dataclass
@@ -57,12 +59,13 @@ def add_arguments(p, *, data_default: str = "shapes") -> None:
     p.add_argument("--methods", type=_csv(str), help="step: comma list of methods (default: all image methods)")
     p.add_argument("--aug-seconds", type=float, default=2.0, help="augment: seconds per measurement")
     p.add_argument("--step-iters", type=int, default=3, help="step: timed steps per method")
-    p.add_argument("--step-setting", choices=["fp32", "bf16_cl"], default="bf16_cl",
-                   help="step: fp32, or bf16 autocast + channels_last (default)")
+    p.add_argument("--step-setting", choices=list(NUMERICS), default="bf16_cl",
+                   help="step: auto (kontrast's default on this machine), fp32, fp32_cl (+ channels_last), or "
+                        "bf16_cl (bf16 autocast + channels_last; the default)")
     p.add_argument("--loss-batches", type=_csv(int), help="loss: comma list of batch sizes")
     p.add_argument("--steps", type=int, default=30, help="train: steps per end-to-end run")
     p.add_argument("--settings", type=_csv(str),
-                   help="train: comma list of fp32,bf16_cl,bf16_cl_compile (default: fp32,bf16_cl)")
+                   help="train: comma list of auto,fp32,fp32_cl,bf16_cl,bf16_cl_compile (default: fp32,bf16_cl)")
     p.add_argument("--compile-views", action="store_true",
                    help="augment: also time the view pipeline under torch.compile (train.compile's)")
     p.add_argument("--workdir", help="folder for run directories and logs (default: a new temporary folder)")
@@ -82,8 +85,8 @@ def check(opts: BenchOptions) -> None:
     if bad:
         raise UserError(f"unknown bench section(s) {', '.join(bad)}; choose from {', '.join(ALL_SECTIONS)}")
     bad = [s for s in opts.settings if s not in TRAIN_SETTINGS]
-    if bad or opts.step_setting not in TRAIN_SETTINGS[:2]:
-        raise UserError(f"bench settings must be fp32, bf16_cl or (train) bf16_cl_compile, got "
+    if bad or opts.step_setting not in NUMERICS:
+        raise UserError(f"bench settings must be {', '.join(NUMERICS)} or (train) bf16_cl_compile, got "
                         f"{', '.join(bad) or opts.step_setting}")
     if opts.batch < 2 or opts.steps < 1 or opts.step_iters < 1 or opts.timeout <= 0:
         raise UserError("--batch must be >= 2, --steps and --step-iters >= 1, --timeout > 0")

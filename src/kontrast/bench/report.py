@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from kontrast.bench import runs
-from kontrast.bench.options import BenchOptions, check, command, threads
+from kontrast.bench.options import NUMERICS, BenchOptions, check, command, threads
 from kontrast.errors import UserError
 from kontrast.precision import native_bf16
 
@@ -66,9 +66,11 @@ def _image_methods(opts: BenchOptions) -> list[str]:
 def _bench_config(opts: BenchOptions, method: str, setting: str):
     from kontrast.methods.build import resolve
 
+    from kontrast.precision import choose_precision
+
+    precision, layout, _ = choose_precision(*NUMERICS[setting], opts.device)
     raw = {"method": {"name": method}, "encoder": {"name": opts.encoder, "width": opts.width},
-           "train": {"batch_size": opts.batch, "precision": "bf16" if setting == "bf16_cl" else "fp32",
-                     "channels_last": setting == "bf16_cl", "device": opts.device}}
+           "train": {"batch_size": opts.batch, "precision": precision, "channels_last": layout, "device": opts.device}}
     return resolve(raw)
 
 

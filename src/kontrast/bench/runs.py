@@ -20,11 +20,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from kontrast.bench.options import NUMERICS
 from kontrast.errors import UserError
 
-SETTINGS = {  # name -> kontrast train flags
-    "fp32": ["--precision", "fp32", "--set", "train.channels_last=false"],
-    "bf16_cl": ["--precision", "bf16", "--set", "train.channels_last=true"],
+SETTINGS = {  # name -> kontrast train flags (auto: none, kontrast's default on this machine)
+    **{name: ["--precision", precision, "--set", f"train.channels_last={str(layout).lower()}"]
+       for name, (precision, layout) in NUMERICS.items() if name != "auto"},
+    "auto": [],
     "bf16_cl_compile": ["--precision", "bf16", "--set", "train.channels_last=true", "--set", "train.compile=true"],
 }
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kontrast.config import checked
 from kontrast.errors import UserError
 from kontrast.extract import EncoderWithHead, mlp, split_mlp
 from kontrast.methods.base import Method
-from kontrast.methods.simclr import SimCLR
+from kontrast.methods.simclr import VIEW_BN, SimCLR
 from kontrast.registry import METHODS
 
 
@@ -26,6 +27,7 @@ class SimCLRV2Params:
     proj_dim: int = 128
     proj_layers: int = 3
     keep_head_layers: int = 1  # head layers evaluated as part of the encoder (0 = none)
+    view_bn: str = checked("per_view", choices=VIEW_BN)  # as SimCLR's
 
     def __post_init__(self):
         if not 0 <= self.keep_head_layers < self.proj_layers:
