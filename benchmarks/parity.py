@@ -45,7 +45,7 @@ from peer_common import LARS_NOTE, paths_digest, view_delta  # noqa: E402
 
 # kontrast method parameter -> peer flag (None: handled specially); a parameter not listed stops the run.
 METHOD_FLAGS = {
-    "simclr": {"temperature": "temperature", "proj_hidden": "proj-hidden", "proj_dim": "proj-dim"},
+    "simclr": {"temperature": "temperature", "proj_hidden": "proj-hidden", "proj_dim": "proj-dim", "view_bn": None},
     "moco_v2": {"temperature": "temperature", "queue_size": "queue-size", "momentum": "ema-momentum",
                 "proj_hidden": "proj-hidden", "proj_dim": "proj-dim", "symmetric": "symmetric", "proj_bn": "proj-bn",
                 "bn_groups": None, "head_bn_groups": None},
@@ -120,6 +120,10 @@ def peer_settings(cfg, args) -> tuple[list[str], list[str], list[str]]:
             unknown.append(f"method.{field.name}={value}")
         elif field.name == "head_bn_groups":  # lightly's head always sees the whole view: the note below
             pass
+        elif field.name == "view_bn":  # lightly's SimCLR sends each view on its own, as per_view does
+            if value != "per_view":
+                diffs.append(f"BN batch: kontrast both views as one 2B batch (method.view_bn={value}); lightly each "
+                             "view on its own")
         elif field.name == "bn_groups":  # kontrast: BN groups per view (encoders/batchnorm.py); lightly: SplitBatchNorm
             splits = value if value > 1 else 0
             flags += ["--bn-splits", str(splits)]
