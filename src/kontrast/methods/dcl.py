@@ -47,7 +47,7 @@ class DCL(SimCLR):  # SimCLR's head, recipe and optimizer; only the loss below d
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
         tau, b = self.params.temperature, views[0].shape[0]
-        z = self.projector(self.encoder(torch.cat(views[:2])))  # [2B, proj_dim]: view 1 of every image, then view 2
+        z = self.embed(views[:2])  # [2B, proj_dim]: view 1 of every image, then view 2 (SimCLR's method.view_bn)
         candidates = self.ranks.gather(z)  # [2BW, proj_dim] cat(view 1, view 2) of each rank, in rank order
         offset = 2 * b * self.ranks.rank  # column of this rank's first view
         scores = cosine(z, candidates, tau)  # [2B, 2BW] sim(z_i, z_j) / tau

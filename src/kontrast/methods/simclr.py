@@ -49,14 +49,16 @@ class SimCLR(Method):
         hidden = params.proj_hidden or encoder.dim
         self.projector = mlp([encoder.dim, hidden, params.proj_dim])
 
+    def embed(self, views: list[torch.Tensor]) -> torch.Tensor:
+        """Encoder and head on the views ([B, ...] each), concatenated: [2B, proj_dim]."""
+        if self.params.view_bn == "joint":  # the authors' code: one 2B batch, BN statistics over both views
+            return self.projector(self.encoder(torch.cat(views)))
+        return torch.cat([self.projector(self.encoder(v)) for v in views])  # BN statistics of each view's batch
+
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
         tau, b = self.params.temperature, views[0].shape[0]
-        if self.params.view_bn == "joint":  # the authors' code: one 2B batch, BN statistics over both views
-            z = self.projector(self.encoder(torch.cat(views[:2])))  # [2B, proj_dim]
-        else:  # one view at a time: BN statistics of each view's batch
-            z = torch.cat([self.projector(self.encoder(v)) for v in views[:2]])  # [2B, proj_dim]
-        # z: view 1 of every image, then view 2
+        z = self.embed(views[:2])  # [2B, proj_dim]: view 1 of every image, then view 2
         # on W ranks B is this rank's share; the candidates are every rank's views (one process: z itself)
         candidates = self.ranks.gather(z)  # [2BW, proj_dim] cat(view 1, view 2) of each rank, in rank order
         offset = 2 * b * self.ranks.rank  # column of this rank's first view
