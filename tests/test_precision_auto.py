@@ -1,4 +1,4 @@
-"""``train.precision=auto``: bf16 only where it is native; ``train.channels_last=auto``: on every CPU, elsewhere with bf16."""
+"""``train.precision=auto`` and ``train.channels_last=auto``: bf16 and channels_last only where bf16 is native."""
 
 import pytest
 import torch
@@ -16,20 +16,14 @@ def test_cpu_bf16_is_native_only_with_amx_or_avx512_bf16(monkeypatch, flags, nat
     monkeypatch.setattr(precision, "cpu_flags", lambda: flags)
     assert native_bf16("cpu")[0] is native
     chosen, layout, line = choose_precision("auto", "auto", "cpu")
-    assert (chosen, layout) == ("bf16" if native else "fp32", True)  # oneDNN's convolutions prefer NHWC either way
-    assert line.startswith(f"numerics: precision {chosen} (auto), channels_last on (auto)")
-
-
-def test_channels_last_is_auto_on_a_device_only_with_native_bf16():
-    assert choose_precision("auto", "auto", "cuda")[:2] == ("fp32", False)  # (no CUDA here: no native bf16)
-    assert choose_precision("auto", "auto", "mps")[:2] == ("fp32", False)
+    assert (chosen, layout) == (("bf16", True) if native else ("fp32", False))
+    assert line.startswith(f"numerics: precision {chosen} (auto), channels_last {'on' if native else 'off'} (auto)")
 
 
 def test_set_values_win_over_auto(monkeypatch):
     monkeypatch.setattr(precision, "cpu_flags", lambda: set())
     assert choose_precision("bf16", True, "cpu")[:2] == ("bf16", True)
-    assert choose_precision("fp32", "auto", "cpu")[:2] == ("fp32", True)
-    assert choose_precision("auto", False, "cpu")[:2] == ("fp32", False)
+    assert choose_precision("fp32", "auto", "cpu")[:2] == ("fp32", False)
     assert "precision bf16 (set)" in choose_precision("bf16", False, "cpu")[2]
 
 
@@ -48,9 +42,9 @@ def test_a_run_says_what_it_chose_and_keeps_it_in_its_config(tmp_path, capsys, m
                  "--set", "encoder.width=0.125", "--set", "data.size=16", "--no-progress"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("data: ")
-    assert lines[1].startswith("numerics: precision fp32 (auto), channels_last on (auto); CPU ")
+    assert lines[1].startswith("numerics: precision fp32 (auto), channels_last off (auto); CPU ")
     train = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["train"]
-    assert (train["precision"], train["channels_last"]) == ("fp32", True)  # a resume elsewhere keeps them
+    assert (train["precision"], train["channels_last"]) == ("fp32", False)  # a resume elsewhere keeps them
 
 
 def test_channels_last_accepts_only_booleans_and_auto(tmp_path, capsys):

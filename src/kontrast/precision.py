@@ -5,9 +5,10 @@ matmuls and convolutions in bf16, reductions and losses as autocast's op lists d
 (the default): bf16 only where the device computes it natively -- a CUDA GPU with bf16, a CPU with
 AMX or AVX512-BF16 -- and fp32 elsewhere, because on a CPU without them bf16 autocast was measured
 slower than fp32 (issue 19: SimCLR, ResNet-18 width 0.5, batch 384: 34 against 40 images/s).
-``train.channels_last: auto`` is on for every CPU (oneDNN's convolutions run in NHWC: on that CPU,
-ResNet-18 width 0.5 forward + backward at batch 768 ran 1.9x faster in fp32, 126 -> 237 images/s)
-and, elsewhere, where bf16 is native (it was measured faster together with bf16 there).
+``train.channels_last: auto`` follows the same rule (it was measured faster together with bf16). In fp32
+on a CPU without native bf16 channels_last was measured 1.3-2x faster too (issue 19), but torch 2.14.1 aborts
+there ("double free or corruption") in the backward of a ResNet step whose batch is odd (3, 5, 7, 9 images per
+forward; even ones run), so ``auto`` leaves it off until that is understood; ``train.channels_last=true`` turns it on.
 :func:`choose_precision` resolves both once per run; the run's config keeps the choice.
 Training, evaluation and the benchmarks all enter :func:`autocast`; code that must stay in
 float32 under it (score matrices with a small temperature, SwAV's Sinkhorn, blocked NT-Xent)
@@ -59,8 +60,7 @@ def choose_precision(precision: str, channels_last, device: torch.device | str) 
     check_precision(precision)
     native, why = native_bf16(device)
     chosen = ("bf16" if native else "fp32") if precision == "auto" else precision
-    auto_layout = native or torch.device(device).type == "cpu"
-    layout = auto_layout if channels_last == "auto" else bool(channels_last)
+    layout = native if channels_last == "auto" else bool(channels_last)
 
     def said(given, value) -> str:
         return f"{value} ({'auto' if given == 'auto' else 'set'})"
