@@ -70,7 +70,7 @@ SMALL["cpc"] = ["method.context_dim=32", "method.steps=3", "method.negative_pool
 # losses agree to 5e-8 and the shortcut biases differ by 3.6e-5 (yadim: 9.9e-6) after 3 steps, every other weight by
 # < 5e-7.
 SMALL["amdim"] = SMALL["yadim"] = ["method.n_rkhs=32", "encoder.name=resnet18", "optim.lr=2e-5"]
-# NCHW: channels_last (auto on CPU) lets oneDNN pick its convolution algorithm by batch size, and this toy
+# NCHW: channels_last (`train.channels_last=true`) lets oneDNN pick its convolution algorithm by batch size, and this toy
 # scale amplifies the rounding: SimCLR v2 after 3 steps, 1 process at 1 thread against 2 threads, differs by
 # 2.7e-4 in weights in channels_last and by 1e-7 in NCHW; SimCLR on 3 ranks against 1, 3.7e-5 and 1e-7. The
 # distributed code does not depend on the layout.
