@@ -65,7 +65,6 @@ def _image_methods(opts: BenchOptions) -> list[str]:
 
 def _bench_config(opts: BenchOptions, method: str, setting: str):
     from kontrast.methods.build import resolve
-
     from kontrast.precision import choose_precision
 
     precision, layout, _ = choose_precision(*NUMERICS[setting], opts.device)

@@ -24,11 +24,10 @@ from kontrast.bench.options import NUMERICS
 from kontrast.errors import UserError
 
 SETTINGS = {  # name -> kontrast train flags (auto: none, kontrast's default on this machine)
-    **{name: ["--precision", precision, "--set", f"train.channels_last={str(layout).lower()}"]
-       for name, (precision, layout) in NUMERICS.items() if name != "auto"},
-    "auto": [],
-    "bf16_cl_compile": ["--precision", "bf16", "--set", "train.channels_last=true", "--set", "train.compile=true"],
+    name: [] if precision == "auto" else ["--precision", precision, "--set", f"train.channels_last={str(layout).lower()}"]
+    for name, (precision, layout) in NUMERICS.items()
 }
+SETTINGS["bf16_cl_compile"] = [*SETTINGS["bf16_cl"], "--set", "train.compile=true"]
 
 
 def run_measured(cmd: list[str], threads: int, log: Path, timeout: float) -> tuple[int, float, float]:
