@@ -157,9 +157,11 @@ def peer_settings(cfg, args) -> tuple[list[str], list[str], list[str]]:
         unknown += [f"augment view {i}: {k}={v[k]} (lightly's {name} transform has no such step)" for k in cannot]
     flags += ["--views", json.dumps(views, separators=(",", ":"))]
     tc = cfg.train
+    from kontrast.methods.build import encoder_layers
     from kontrast.precision import choose_precision
 
-    precision, channels_last, _ = choose_precision(tc.precision, tc.channels_last, _device(tc.device))  # auto: as fit
+    precision, channels_last, _ = choose_precision(tc.precision, tc.channels_last, _device(tc.device),
+                                                   encoder_layers(cfg))  # auto: as fit
     flags += ["--bf16"] if precision == "bf16" else []
     flags += ["--channels-last"] if channels_last else []
     flags += ["--device", _device(tc.device)]

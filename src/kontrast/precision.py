@@ -5,10 +5,12 @@ matmuls and convolutions in bf16, reductions and losses as autocast's op lists d
 (the default): bf16 only where the device computes it natively -- a CUDA GPU with bf16, a CPU with
 AMX or AVX512-BF16 -- and fp32 elsewhere, because on a CPU without them bf16 autocast was measured
 slower than fp32 (issue 19: SimCLR, ResNet-18 width 0.5, batch 384: 34 against 40 images/s).
-``train.channels_last: auto`` follows the same rule (it was measured faster together with bf16). In fp32
-on a CPU without native bf16 channels_last was measured 1.3-2x faster too (issue 19), but torch 2.14.1 aborts
-there ("double free or corruption") in the backward of a ResNet step whose batch is odd (3, 5, 7, 9 images per
-forward; even ones run), so ``auto`` leaves it off until that is understood; ``train.channels_last=true`` turns it on.
+``train.channels_last: auto`` is on for every CPU (oneDNN's convolutions run in NHWC: on that CPU,
+ResNet-18 forward + backward in fp32 ran 1.0-1.3x faster per view, 1.1-1.7x as one 2B batch, widths 1 to
+0.25, docs/performance.md section 10) and, elsewhere, where bf16 is
+native (it was measured faster together with bf16 there) -- except for an encoder with a layer that
+oneDNN's NHWC backward corrupts (:func:`channels_last_hazard`): there ``auto`` stays in NCHW and ``true``
+is a one-line error.
 :func:`choose_precision` resolves both once per run; the run's config keeps the choice.
 Training, evaluation and the benchmarks all enter :func:`autocast`; code that must stay in
 float32 under it (score matrices with a small temperature, SwAV's Sinkhorn, blocked NT-Xent)
@@ -20,11 +22,14 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from torch import nn
 
 from kontrast.errors import UserError
 
 PRECISIONS = ("auto", "fp32", "bf16")
 CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags of native bf16 arithmetic
+ONEDNN_IC_BLOCK = 16  # input channels per block of oneDNN's fp32 AVX-512 kernels (8 on AVX2)
+ONEDNN_ISSUE = "https://github.com/uxlfoundation/oneDNN/issues/6035"
 
 
 def cpu_flags() -> set[str]:
@@ -54,13 +59,41 @@ def native_bf16(device: torch.device | str) -> tuple[bool, str]:
     return False, f"{device.type} device"
 
 
-def choose_precision(precision: str, channels_last, device: torch.device | str) -> tuple[str, bool, str]:
-    """Resolve ``auto`` in ``train.precision`` / ``train.channels_last`` for ``device``:
-    (precision, channels_last, one line saying what was chosen and why)."""
+def channels_last_hazard(encoder: nn.Module | None) -> str | None:
+    """The first layer of ``encoder`` whose channels_last backward oneDNN corrupts on x86 CPUs, in words; else None.
+
+    A 1x1 convolution with stride > 1 and fewer input channels (per group) than oneDNN's channel block:
+    its backward-weights kernel writes past its workspace in NHWC (``ONEDNN_ISSUE``). Under torch 2.14.1
+    on an AVX-512 CPU that aborts the process ("double free or corruption") when the batch is odd;
+    ResNet-18 below width 0.25 has such a layer (``layer2.0.downsample.0``: 8 input channels at 0.125).
+    With 16 or more input channels the NHWC weight gradients equal the NCHW ones (relative 3.5e-7 over
+    7 channel counts x 4 widths x 7 batch sizes, odd ones included).
+    """
+    for name, m in (encoder.named_modules() if encoder is not None else ()):
+        if isinstance(m, nn.Conv2d) and m.kernel_size == (1, 1) and max(m.stride) > 1 \
+                and m.in_channels // m.groups < ONEDNN_IC_BLOCK:
+            return (f"encoder layer {name} is a 1x1 stride-{max(m.stride)} convolution with "
+                    f"{m.in_channels // m.groups} input channels, whose channels_last backward oneDNN corrupts on "
+                    f"CPU ({ONEDNN_ISSUE})")
+    return None
+
+
+def choose_precision(precision: str, channels_last, device: torch.device | str,
+                     encoder: nn.Module | None = None) -> tuple[str, bool, str]:
+    """Resolve ``auto`` in ``train.precision`` / ``train.channels_last`` for ``device`` and ``encoder``
+    (its layers only: a meta-device copy will do): (precision, channels_last, one line saying what was
+    chosen and why)."""
     check_precision(precision)
+    device = torch.device(device)
     native, why = native_bf16(device)
     chosen = ("bf16" if native else "fp32") if precision == "auto" else precision
-    layout = native if channels_last == "auto" else bool(channels_last)
+    layout = (native or device.type == "cpu") if channels_last == "auto" else bool(channels_last)
+    hazard = channels_last_hazard(encoder) if layout and device.type == "cpu" else None
+    if hazard and channels_last != "auto":
+        raise UserError(f"train.channels_last=true: {hazard}; set train.channels_last=auto (NCHW here) or use a "
+                        f"wider encoder ({ONEDNN_IC_BLOCK}+ input channels in every 1x1 strided convolution)")
+    if hazard:
+        layout, why = False, f"{why}; channels_last off: {hazard}"
 
     def said(given, value) -> str:
         return f"{value} ({'auto' if given == 'auto' else 'set'})"

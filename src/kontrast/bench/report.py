@@ -64,12 +64,13 @@ def _image_methods(opts: BenchOptions) -> list[str]:
 
 
 def _bench_config(opts: BenchOptions, method: str, setting: str):
-    from kontrast.methods.build import resolve
+    from kontrast.methods.build import encoder_layers, resolve
     from kontrast.precision import choose_precision
 
-    precision, layout, _ = choose_precision(*NUMERICS[setting], opts.device)
     raw = {"method": {"name": method}, "encoder": {"name": opts.encoder, "width": opts.width},
-           "train": {"batch_size": opts.batch, "precision": precision, "channels_last": layout, "device": opts.device}}
+           "train": {"batch_size": opts.batch, "device": opts.device}}
+    precision, layout, _ = choose_precision(*NUMERICS[setting], opts.device, encoder_layers(resolve(raw)))
+    raw["train"].update(precision=precision, channels_last=layout)
     return resolve(raw)
 
 

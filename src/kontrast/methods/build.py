@@ -8,6 +8,9 @@ what spans sections. ``create_method(cfg)`` builds the encoder and the method fr
 
 from __future__ import annotations
 
+import torch
+from torch import nn
+
 from kontrast.augment import native_recipe, recipe_views
 from kontrast.config import Config, build_config, merge
 from kontrast.encoders import check_encoder_name, create_encoder
@@ -83,6 +86,16 @@ def build_encoder(cfg: Config):
         if key is None:
             raise
         raise UserError(f"encoder {enc.name!r} has no {key} option; {ENCODER_OPTIONS[key]}") from err
+
+
+def encoder_layers(cfg: Config) -> nn.Module:
+    """The configured encoder's layers: built on the meta device (no memory, no initialisation cost), or on
+    the CPU for the few that read their own weights while built (torchvision's RegNets)."""
+    try:
+        with torch.device("meta"):
+            return build_encoder(cfg)
+    except NotImplementedError:
+        return build_encoder(cfg)
 
 
 def check_inputs(method: Method, data) -> None:

@@ -34,7 +34,7 @@ from kontrast.precision import choose_precision
 from kontrast.train import distributed
 from kontrast.train.data_path import (TrainData, bad_image_error, check_batch, choose_mode, epoch_batches,
                                      load_train_data)
-from kontrast.methods.build import check_inputs, create_method, run_recipe, view_specs
+from kontrast.methods.build import check_inputs, create_method, encoder_layers, run_recipe, view_specs
 from kontrast.train.faults import NoFaults
 from kontrast.train.guards import CollapseMonitor, NonFiniteGuard, SignalStop, floating_state, nonfinite
 from kontrast.train.optim import create_optimizer, lr_schedule, peak_lr
@@ -158,7 +158,7 @@ def absolute_paths(cfg: Config) -> Config:
 def chosen_numerics(cfg: Config) -> tuple[Config, str]:
     """``cfg`` with ``auto`` precision and channels_last decided for its device, and the line saying why."""
     precision, layout, why = choose_precision(cfg.train.precision, cfg.train.channels_last,
-                                              resolve_device(cfg.train.device))
+                                              resolve_device(cfg.train.device), encoder_layers(cfg))
     return replace(cfg, train=replace(cfg.train, precision=precision, channels_last=layout)), why
 
 
