@@ -111,7 +111,7 @@ class TrainConfig:
     batch_size: int = checked(256, ge=2)  # contrastive losses need at least one other sample
     seed: int = checked(0, ge=0)
     precision: str = checked("auto", choices=PRECISIONS)  # auto: bf16 where native, else fp32 (kontrast.precision)
-    channels_last: bool | str = checked("auto", choices=(True, False, "auto"))  # auto: on every CPU and where bf16 is native (kontrast.precision)
+    channels_last: bool | str = checked("auto", choices=(True, False, "auto"))  # auto: kontrast.precision
     sync_bn: bool = True  # on several processes: BN statistics over the global batch (docs/distributed.md)
     compile: bool = False  # torch.compile the encoder and the view pipeline (docs/performance.md §6; the first step compiles for minutes)
     device: str = checked("auto", pattern=r"auto|cpu|cuda(:\d+)?|mps")
