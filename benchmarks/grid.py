@@ -33,7 +33,7 @@ from kontrast.bench.report import train_run
 from kontrast.precision import choose_precision, native_bf16
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vs_peer import SHARED, Peer, _near, peer_command, run_peer  # noqa: E402
+from vs_peer import SHARED, Peer, peer_command, relative, run_peer  # noqa: E402
 
 PROG = (".venv/bin/python", "benchmarks/grid.py")
 
@@ -84,10 +84,10 @@ def table(cells: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog=shlex.join(PROG), description=__doc__.splitlines()[0])
     data = SHARED / "data/cifar10-jpeg.tar.gz"
-    p.add_argument("--data", default=os.environ.get("BENCH_DATA") or _near(data), help="kontrast's training source")
+    p.add_argument("--data", default=os.environ.get("BENCH_DATA") or relative(data), help="kontrast's training source")
     p.add_argument("--peer-python", default=os.environ.get("PEER_PYTHON"), help="python of the peer's venv")
     p.add_argument("--peer-data", default=os.environ.get("PEER_CIFAR10"), help="the extracted CIFAR-10 folder")
-    p.add_argument("--peer-script", default=os.environ.get("PEER_SCRIPT") or _near(SHARED / "bench/lightly_simclr.py"))
+    p.add_argument("--peer-script", default=os.environ.get("PEER_SCRIPT") or relative(SHARED / "bench/lightly_simclr.py"))
     p.add_argument("--widths", default="0.25,0.5,1")
     p.add_argument("--batches", default="128,256,512")
     p.add_argument("--steps", type=int, default=12, help="steps per run below width 1")

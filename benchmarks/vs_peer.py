@@ -66,7 +66,7 @@ class Peer:
         return ["--peer-python", str(self.python), "--peer-data", str(self.data), "--peer-script", self.script]
 
 
-def _near(path: Path) -> str:
+def relative(path: Path) -> str:
     """``path`` as typed from the current folder (``../shared/...`` from the repository root)."""
     return os.path.relpath(path)
 
@@ -241,12 +241,12 @@ def compare(opts: BenchOptions, peer: Peer) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     data = SHARED / "data/cifar10-jpeg.tar.gz"
     parser = argparse.ArgumentParser(prog=shlex.join(PROG), description=__doc__.splitlines()[0])
-    add_arguments(parser, data_default=os.environ.get("BENCH_DATA") or (_near(data) if data.is_file() else "shapes"))
+    add_arguments(parser, data_default=os.environ.get("BENCH_DATA") or (relative(data) if data.is_file() else "shapes"))
     parser.add_argument("--peer-python", default=os.environ.get("PEER_PYTHON"),
                         help="python of the peer's venv (env PEER_PYTHON); no peer without it")
     parser.add_argument("--peer-data", default=os.environ.get("PEER_CIFAR10"),
                         help="the extracted CIFAR-10 folder (train/, test/) the peer reads (env PEER_CIFAR10)")
-    parser.add_argument("--peer-script", default=os.environ.get("PEER_SCRIPT") or _near(SHARED / "bench/lightly_simclr.py"),
+    parser.add_argument("--peer-script", default=os.environ.get("PEER_SCRIPT") or relative(SHARED / "bench/lightly_simclr.py"),
                         help="the peer baseline (env PEER_SCRIPT; default: %(default)s)")
     parser.add_argument("--accuracy", action="store_true", help="also kNN top-1 after --accuracy-epochs, ours and peer")
     parser.add_argument("--accuracy-epochs", type=int, default=5)
