@@ -59,9 +59,9 @@ def add_arguments(p, *, data_default: str = "shapes") -> None:
     p.add_argument("--methods", type=_csv(str), help="step: comma list of methods (default: all image methods)")
     p.add_argument("--aug-seconds", type=float, default=2.0, help="augment: seconds per measurement")
     p.add_argument("--step-iters", type=int, default=3, help="step: timed steps per method")
-    p.add_argument("--step-setting", choices=list(NUMERICS), default="bf16_cl",
-                   help="step: auto (kontrast's default on this machine), fp32, fp32_cl (+ channels_last), or "
-                        "bf16_cl (bf16 autocast + channels_last; the default)")
+    p.add_argument("--step-setting", choices=list(NUMERICS), default="auto",
+                   help="step: auto (kontrast's default on this machine; the default), fp32, fp32_cl "
+                        "(+ channels_last), or bf16_cl (bf16 autocast + channels_last)")
     p.add_argument("--loss-batches", type=_csv(int), help="loss: comma list of batch sizes")
     p.add_argument("--steps", type=int, default=30, help="train: steps per end-to-end run")
     p.add_argument("--settings", type=_csv(str),
