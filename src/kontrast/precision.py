@@ -70,12 +70,13 @@ def channels_last_hazard(encoder: nn.Module | None) -> str | None:
     difference 3.5e-7 over 744 shapes: 16-128 input and output channels, batches 1-255 odd ones
     included, 4-32 px; docs/performance.md section 10).
     """
-    for name, m in (encoder.named_modules() if encoder is not None else ()):
-        if isinstance(m, nn.Conv2d) and m.kernel_size == (1, 1) and max(m.stride) > 1 \
-                and m.in_channels // m.groups < ONEDNN_IC_BLOCK:
-            return (f"encoder layer {name} is a 1x1 stride-{max(m.stride)} convolution with "
-                    f"{m.in_channels // m.groups} input channels, whose channels_last backward oneDNN corrupts on "
-                    f"CPU ({ONEDNN_ISSUE})")
+    convs = [(name, m) for name, m in (encoder.named_modules() if encoder is not None else ())
+             if isinstance(m, nn.Conv2d) and m.kernel_size == (1, 1)]
+    for name, conv in convs:
+        stride, channels = max(conv.stride), conv.in_channels // conv.groups
+        if stride > 1 and channels < ONEDNN_IC_BLOCK:
+            return (f"encoder layer {name} is a 1x1 stride-{stride} convolution with {channels} input channels, "
+                    f"whose channels_last backward oneDNN corrupts on CPU ({ONEDNN_ISSUE})")
     return None
 
 
