@@ -1,20 +1,22 @@
 """The kontrast CLI with the time each process spends in torch.distributed collectives recorded.
 
-Used by benchmarks/distributed.py as the module torchrun starts on each rank. Wraps the collectives the
-training room calls through ``torch.distributed`` (all_gather_single and all_reduce of the BN
-statistics, the gradient average, the metrics and the stop signal; broadcast; barrier) and, at exit,
-writes ``{"rank": R, "calls": {name: [count, seconds]}}`` to ``$KONTRAST_COLLECTIVES_OUT.R.json``. The time
+Used by benchmarks/distributed.py in place of ``kontrast``: ``timed_collectives.py train ... --nproc 2``.
+Wraps the collectives the training room calls through ``torch.distributed`` (all_gather_single and
+all_reduce of the BN statistics, the gradient average, the metrics and the stop signal; broadcast;
+barrier) before ``--nproc`` forks the processes, so each inherits the wrappers, and when a process
+closes its process group it writes ``{"rank": R, "calls": {name: [count, seconds]}}`` to
+``$KONTRAST_COLLECTIVES_OUT.R.json``. The time
 includes waiting for the other ranks to arrive. The embedding gathers (PyTorch's functional
 collectives, asynchronous) are not wrapped.
 """
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch.distributed as dist
 
@@ -40,8 +42,14 @@ def main() -> None:
     calls: dict = {}
     for name in WRAPPED:
         setattr(dist, name, _timed(name, calls))
-    rank, out = os.environ.get("RANK", "0"), os.environ["KONTRAST_COLLECTIVES_OUT"]
-    atexit.register(lambda: open(f"{out}.{rank}.json", "w").write(json.dumps({"rank": int(rank), "calls": calls})))
+    out, destroy = os.environ["KONTRAST_COLLECTIVES_OUT"], dist.destroy_process_group
+
+    def write_then_destroy(*args, **kwargs):  # the end of each process's run (kontrast.train.distributed.close)
+        rank = os.environ.get("RANK", "0")  # read here: `--nproc` forks the processes after this module ran
+        Path(f"{out}.{rank}.json").write_text(json.dumps({"rank": int(rank), "calls": calls}))
+        return destroy(*args, **kwargs)
+
+    dist.destroy_process_group = write_then_destroy
     from kontrast.cli import main as cli
 
     sys.argv = ["kontrast", *sys.argv[1:]]

@@ -41,7 +41,12 @@ def _train_config(args):
 
 
 def _launch(nproc: int, argv: list[str]) -> int:
-    """``kontrast train --nproc N``: the same command on N processes of this node, started by torchrun."""
+    """``kontrast train --nproc N``: the same command on N processes of this node, started by torchrun's launcher.
+
+    The processes are forked from this one after it imported PyTorch and kontrast's training room, so the
+    pages of that runtime (about 370 MiB a process) are shared rather than each process's own
+    (docs/distributed.md, "Speed and memory"). ``torchrun ... -m kontrast.cli train`` starts fresh ones.
+    """
     if "WORLD_SIZE" in os.environ:
         raise UserError("--nproc inside a torchrun launch: drop --nproc (torchrun already started the processes)")
     rest, skip = [], False
@@ -50,13 +55,20 @@ def _launch(nproc: int, argv: list[str]) -> int:
             skip = arg == "--nproc"
             continue
         rest.append(arg)
+    import uuid
+
+    import kontrast.train.loop  # noqa: F401  (imported before the fork: the processes share its pages)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import get_args_parser, run
+    from torch.distributed.launcher.api import elastic_launch
+    from torch.distributed.run import config_from_args, get_args_parser
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default for several processes, without its warning
+    args = get_args_parser().parse_args([f"--nproc-per-node={nproc}", "--start-method=fork", "-m", "kontrast.cli"])
+    args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())  # --standalone
+    args.master_port = 29500
     try:  # torchrun's own launcher, in this process; each worker runs the command without --nproc
-        run(get_args_parser().parse_args(["--standalone", f"--nproc-per-node={nproc}", "-m", "kontrast.cli", *rest]))
+        elastic_launch(config=config_from_args(args)[0], entrypoint=_worker)(rest)
     except SignalException as exc:  # SIGTERM / SIGINT to the launcher: torchrun passed it on and waited for them
         import signal
 
@@ -71,6 +83,16 @@ def _launch(nproc: int, argv: list[str]) -> int:
         print(f"error: the process of rank {rank} ended the run ({how}); torchrun stopped the others", file=sys.stderr)
         return 1
     return 0
+
+
+def _worker(argv: list[str]) -> None:
+    """One process of ``--nproc``, forked by torchrun's launcher: the command without ``--nproc``."""
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # OpenMP read the launcher's environment, not ours
+    code = main(argv)
+    if code:
+        raise SystemExit(code)  # the launcher sees the exit code (2, 130, 143: this process said why)
 
 
 def _run(args, argv: list[str]) -> int:
