@@ -43,8 +43,8 @@ def _train_config(args):
 def _launch(nproc: int, argv: list[str]) -> int:
     """``kontrast train --nproc N``: the same command on N processes of this node, started by torchrun's launcher.
 
-    The processes are forked from this one after it imported PyTorch and kontrast's training room, so the
-    pages of that runtime (about 370 MiB a process) are shared rather than each process's own
+    On Linux the processes are forked from this one after it imported PyTorch and kontrast's training room,
+    so the pages of that runtime (about 370 MiB a process) are shared rather than each process's own
     (docs/distributed.md, "Speed and memory"). ``torchrun ... -m kontrast.cli train`` starts fresh ones.
     """
     if "WORLD_SIZE" in os.environ:
@@ -64,7 +64,8 @@ def _launch(nproc: int, argv: list[str]) -> int:
     from torch.distributed.run import config_from_args, get_args_parser
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default for several processes, without its warning
-    args = get_args_parser().parse_args([f"--nproc-per-node={nproc}", "--start-method=fork", "-m", "kontrast.cli"])
+    start = "fork" if sys.platform == "linux" else "spawn"  # fork is unsafe on macOS; spawn imports afresh
+    args = get_args_parser().parse_args([f"--nproc-per-node={nproc}", f"--start-method={start}", "-m", "kontrast.cli"])
     args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())  # --standalone
     args.master_port = 29500
     try:  # torchrun's own launcher, in this process; each worker runs the command without --nproc
