@@ -231,6 +231,12 @@ def _eval_line(result: dict) -> str:
     return f"{result['method']} on {result['data']}: " + ", ".join(parts)
 
 
+# A rank that stopped because another process of the run was lost waits this long before it exits. torchrun's
+# launcher reports the first exit it finds, and with forked processes (--nproc) that can be this rank's, found in
+# the same poll as the lost one's, when it is the lost process that ended the run.
+PEER_LOST_GRACE_S = 3.0
+
+
 def main(argv: list[str] | None = None) -> int:
     import warnings
 
@@ -244,7 +250,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Interrupted as exc:  # SIGTERM / SIGINT during training: checkpoint written, then 143 / 130
         if os.environ.get("RANK", "0") == "0" or exc.exit_code not in (130, 143):  # a signal: rank 0 speaks for all
-            print(f"stopped: {exc}", file=sys.stderr)
+            print(f"stopped: {exc}", file=sys.stderr, flush=True)
+        if exc.peer_lost:  # let the launcher see the lost process's exit first, so that it names that one
+            import time
+
+            time.sleep(PEER_LOST_GRACE_S)
         return exc.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

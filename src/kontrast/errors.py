@@ -10,11 +10,13 @@ class UserError(Exception):
 
 class Interrupted(Exception):
     """Training stopped on SIGTERM / SIGINT after writing a checkpoint; the CLI exits with ``exit_code``
-    (128 + the signal number: 143 for SIGTERM, 130 for SIGINT)."""
+    (128 + the signal number: 143 for SIGTERM, 130 for SIGINT), or stopped because another process of a
+    distributed run was lost (``peer_lost``, exit code 1)."""
 
-    def __init__(self, message: str, exit_code: int):
+    def __init__(self, message: str, exit_code: int, peer_lost: bool = False):
         super().__init__(message)
         self.exit_code = exit_code
+        self.peer_lost = peer_lost
 
 
 def did_you_mean(name: str, known) -> str:
