@@ -94,7 +94,8 @@ def run(name: str, data: str, steps: int, log_every: int, out: Path) -> dict:
     nproc, threads, batch = RUNS[name]
     args = ["train", "--method", "simclr", "--data", data, "--epochs", "1", "--batch-size", str(batch), "--out",
             str(out), "--overwrite", "--no-progress", "--set", "encoder.width=0.25", "--set", f"train.num_threads={threads}",
-            "--set", f"train.log_every={log_every}", "--set", "train.knn_every=0"]
+            "--set", f"train.log_every={log_every}", "--set", "train.knn_every=0",
+            "--set", "train.precision=fp32"]  # auto would pick bf16 on a CPU with AMX
     cmd = [sys.executable, "-m", "kontrast.cli", *args]
     if nproc > 1:  # `kontrast train --nproc N`, with the collectives timed
         cmd = [sys.executable, str(ROOT / "benchmarks" / "timed_collectives.py"), *args, "--nproc", str(nproc)]

@@ -45,7 +45,8 @@ def test_rows_are_every_image_in_path_order_with_eval_features(labelled_run):
     cfg, method, _ = load_run(run)
     spec = view_specs(cfg, method)[0]
     test = load_images(str(data), "test", size=16)  # the held-out images eval scores
-    ref = extract_features(method.encoder, test.x, mean=spec.mean, std=spec.std)  # [n_test, dim]
+    ref = extract_features(method.encoder, test.x, mean=spec.mean, std=spec.std,
+                           precision=cfg.train.precision)  # [n_test, dim]; bf16 where the run trained in it
     rows = [emb.paths.index(p) for p in test.paths]
     torch.testing.assert_close(emb.features[rows], ref, rtol=1e-5, atol=1e-6)
 
