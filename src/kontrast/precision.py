@@ -70,9 +70,9 @@ def channels_last_hazard(encoder: nn.Module | None) -> str | None:
     difference 3.5e-7 over 744 shapes: 16-128 input and output channels, batches 1-255 odd ones
     included, 4-32 px; docs/performance.md section 10).
     """
-    convs = [(name, m) for name, m in (encoder.named_modules() if encoder is not None else ())
-             if isinstance(m, nn.Conv2d) and m.kernel_size == (1, 1)]
-    for name, conv in convs:
+    for name, conv in (encoder.named_modules() if encoder is not None else ()):
+        if not (isinstance(conv, nn.Conv2d) and conv.kernel_size == (1, 1)):
+            continue
         stride, channels = max(conv.stride), conv.in_channels // conv.groups
         if stride > 1 and channels < ONEDNN_IC_BLOCK:
             return (f"encoder layer {name} is a 1x1 stride-{stride} convolution with {channels} input channels, "

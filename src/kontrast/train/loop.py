@@ -269,7 +269,8 @@ def _fit(cfg: Config, run_dir: Path, resume: bool, overwrite: bool, progress: bo
             raise
         raise Interrupted(f"rank {ranks.rank}: another process of the run stopped during step {step + 1} "
                           f"({distributed.first_line(exc)}); last good checkpoint: {latest_checkpoint(run_dir) or 'none'}; "
-                          f"continue with: kontrast train --out {run_dir} --resume{nproc}", 1, True) from None
+                          f"continue with: kontrast train --out {run_dir} --resume{nproc}", 1,
+                          peer_lost=True) from None
     finally:
         batches.close()  # the streaming path's workers stop here, not when the generator is collected
         bar.close()
