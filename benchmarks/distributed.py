@@ -90,12 +90,13 @@ def _is_trainer(pid: int, launcher: int, nproc: int) -> bool:
     return pid == launcher if nproc == 1 else pid != launcher
 
 
-def run(name: str, data: str, steps: int, log_every: int, out: Path) -> dict:
+def run(name: str, data: str, steps: int, log_every: int, out: Path, overrides: list[str]) -> dict:
     nproc, threads, batch = RUNS[name]
     args = ["train", "--method", "simclr", "--data", data, "--epochs", "1", "--batch-size", str(batch), "--out",
             str(out), "--overwrite", "--no-progress", "--set", "encoder.width=0.25", "--set", f"train.num_threads={threads}",
             "--set", f"train.log_every={log_every}", "--set", "train.knn_every=0",
             "--set", "train.precision=fp32"]  # auto would pick bf16 on a CPU with AMX
+    args += [arg for override in overrides for arg in ("--set", override)]
     cmd = [sys.executable, "-m", "kontrast.cli", *args]
     if nproc > 1:  # `kontrast train --nproc N`, with the collectives timed
         cmd = [sys.executable, str(ROOT / "benchmarks" / "timed_collectives.py"), *args, "--nproc", str(nproc)]
@@ -144,6 +145,8 @@ def main() -> None:
     parser.add_argument("--log-every", type=int, default=5)
     parser.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated subset of {','.join(RUNS)}")
     parser.add_argument("--repeat", type=int, default=1, help="run the list this many times, interleaved (medians)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for every run (e.g. train.sync_bn=false), as kontrast train's --set")
     args = parser.parse_args()
     print(f"cpu capability: {torch.backends.cpu.get_cpu_capability()}, cores: {os.cpu_count()}, "
           f"torch {torch.__version__}")
@@ -155,7 +158,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeat):
             for name in args.runs.split(","):
-                measured.setdefault(name, []).append(run(name, args.data, args.steps, args.log_every, Path(tmp) / f"{name}-{i}"))
+                measured.setdefault(name, []).append(run(name, args.data, args.steps, args.log_every, Path(tmp) / f"{name}-{i}",
+                                                       args.set))
                 print(json.dumps(measured[name][-1]), flush=True)
     results = {name: {key: statistics.median(r[key] for r in rows) if isinstance(rows[0][key], (int, float)) else rows[0][key]
                       for key in rows[0]} for name, rows in measured.items()}

@@ -175,6 +175,33 @@ def test_two_nodes_joined_by_torchrun_rendezvous_equal_one_process(tmp_path):
     assert _max_weight_difference(tmp_path / "one", tmp_path / "two") <= 1e-5
 
 
+BIND = """
+import json, os, threading, torch
+from kontrast.train.distributed import bind_cores
+torch.set_num_threads({threads})
+before = sorted(os.sched_getaffinity(0))
+bound = bind_cores()
+seen = []
+worker = threading.Thread(target=lambda: seen.append(sorted(os.sched_getaffinity(0))))  # started after: inherits
+worker.start(); worker.join()
+print(json.dumps([before, sorted(bound) if bound is not None else None, sorted(os.sched_getaffinity(0)), seen[0]]))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux's (os.sched_setaffinity)")
+@pytest.mark.parametrize("world, rank, threads", [(2, 0, 1), (2, 1, 1), (1, 0, 1), (2, 1, 64)])
+def test_bind_cores_gives_each_local_rank_its_own_cores_where_they_fit(world, rank, threads):
+    env = dict(_env(), LOCAL_WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    run = subprocess.run([sys.executable, "-c", BIND.format(threads=threads)], capture_output=True, text=True, env=env,
+                         timeout=60)
+    assert run.returncode == 0, run.stderr[-2000:]
+    before, bound, after, thread = json.loads(run.stdout)
+    if world > 1 and world * threads <= len(before):
+        assert bound == after == thread == before[rank * threads: (rank + 1) * threads]
+    else:  # one process on the node, or the ranks' threads do not fit: left to the scheduler
+        assert bound is None and after == thread == before
+
+
 def test_batch_must_divide_by_the_processes(tmp_path):
     run = _train(tmp_path / "run", "simclr", 2, batch=13)
     assert run.returncode == 2

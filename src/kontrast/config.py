@@ -113,6 +113,7 @@ class TrainConfig:
     precision: str = checked("auto", choices=PRECISIONS)  # auto: bf16 where native, else fp32 (kontrast.precision)
     channels_last: bool | str = checked("auto", choices=(True, False, "auto"))  # auto: kontrast.precision
     sync_bn: bool = True  # on several processes: BN statistics over the global batch (docs/distributed.md)
+    bind_cores: bool = True  # several CPU processes on one node: each on its own cores, where they fit (docs/distributed.md)
     compile: bool = False  # torch.compile the encoder and the view pipeline (docs/performance.md §6; the first step compiles for minutes)
     device: str = checked("auto", pattern=r"auto|cpu|cuda(:\d+)?|mps")
     log_every: int = checked(10, ge=1)  # steps between metric lines

@@ -15,6 +15,7 @@ gathers' summed backward gives the gradient of the global loss (the mean over al
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -32,11 +33,38 @@ def launched() -> bool:
     return "WORLD_SIZE" in os.environ
 
 
-def init(device: torch.device) -> "ProcessGroupRanks":
-    """Join the process group torchrun describes (idempotent); the ranks object the methods use."""
+def init(device: torch.device, bind: bool = True) -> "ProcessGroupRanks":
+    """Join the process group torchrun describes (idempotent); the ranks object the methods use.
+
+    ``bind`` (``train.bind_cores``): on CPU, first :func:`bind_cores`, so gloo's threads start on this rank's cores.
+    """
     if not dist.is_initialized():
+        if bind and device.type == "cpu":
+            bind_cores()
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return ProcessGroupRanks()
+
+
+def bind_cores() -> set[int] | None:
+    """With several CPU processes on this node, each on its own cores: local rank r on cores [r t, (r + 1) t).
+
+    t = this process's torch threads. Only when every local rank's threads fit in the cores this process may use
+    (``os.sched_getaffinity``, which ``taskset`` and cgroups narrow); otherwise the scheduler places them, as
+    before. A rank's threads and gloo's then share its cores: a collective waiting on the other rank no longer
+    waits for a thread that the scheduler moved onto a busy core. 2 ranks x 1 thread, gloo, a 2-core CPU:
+    0.6-1.0 ms per small collective between compute, against 0.9-1.8 ms unbound (docs/distributed.md).
+    """
+    local_world, local_rank = int(os.environ.get("LOCAL_WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
+    if local_world < 2 or not hasattr(os, "sched_setaffinity"):
+        return None
+    cores, threads = sorted(os.sched_getaffinity(0)), torch.get_num_threads()
+    if local_world * threads > len(cores):
+        return None
+    mine = set(cores[local_rank * threads: (local_rank + 1) * threads])
+    for task in os.listdir("/proc/self/task"):  # every thread of this process (OpenMP's, if it started any)
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(task), mine)
+    return mine
 
 
 def check_world(cfg, world: int) -> None:

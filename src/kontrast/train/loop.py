@@ -86,7 +86,7 @@ def _setup(cfg: Config, faults: NoFaults, resume: bool = False,
     if tc.num_threads:
         torch.set_num_threads(tc.num_threads)
     device = distributed.local_device(resolve_device(tc.device))
-    ranks = distributed.init(device) if distributed.launched() else Ranks()
+    ranks = distributed.init(device, tc.bind_cores) if distributed.launched() else Ranks()
     distributed.check_world(cfg, ranks.world)
     if ranks.world > 1 and distributed.max_over_ranks(int(cfg.data.mode == "stream")) and cfg.data.mode != "stream":
         cfg = replace(cfg, data=replace(cfg.data, mode="stream"))  # one path for all: a node whose budget is short
