@@ -51,8 +51,9 @@ def bind_cores() -> set[int] | None:
     t = this process's torch threads. Only when every local rank's threads fit in the cores this process may use
     (``os.sched_getaffinity``, which ``taskset`` and cgroups narrow); otherwise the scheduler places them, as
     before. A rank's threads and gloo's then share its cores: a collective waiting on the other rank no longer
-    waits for a thread that the scheduler moved onto a busy core. 2 ranks x 1 thread, gloo, a 2-core CPU:
-    0.6-1.0 ms per small collective between compute, against 0.9-1.8 ms unbound (docs/distributed.md).
+    waits for a thread that the scheduler moved onto a busy core. 2 ranks x 1 thread, gloo, a 2-core CPU, one
+    small collective after each convolution: 0.33-0.98 ms per call bound, 1.1-2.0 ms unbound
+    (``benchmarks/gloo_latency.py``, docs/distributed.md).
     """
     local_world, local_rank = int(os.environ.get("LOCAL_WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
     if local_world < 2 or not hasattr(os, "sched_setaffinity"):
