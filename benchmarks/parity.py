@@ -64,14 +64,14 @@ OPTIM_FLAGS = {"name": "optim", "lr": "lr", "lr_batch": "lr-batch", "momentum": 
 # train / data / eval fields that do not change what is trained or how it is scored
 NO_EFFECT = {"train": {"log_every", "knn_every", "knn_max_train", "knn_max_test", "checkpoint_every", "nonfinite",
                        "max_skips", "collapse_std", "collapse_window", "collapse_share", "num_threads",
-                       "sync_bn"},  # sync_bn: several processes only; parity runs one
+                       "sync_bn", "bind_cores"},  # several processes only; parity runs one
              # mode / workers / memory_budget: the CIFAR archive is always read into memory (never streamed)
              "data": {"source", "skip_bad_images", "cache_dir", "mode", "workers", "memory_budget"},
              "eval": {"linear_epochs", "batch_size"}}
 OFF_BY_DEFAULT = ("depth", "patch_size", "freeze_patch_embed")  # ViT / amdim options: the peer's ResNet has none
 HANDLED = {"train": {"epochs", "batch_size", "seed", "precision", "channels_last", "device", "compile"},
            "data": {"size", "limit"}, "eval": {"knn_k", "knn_temperature"},
-           "encoder": {"name", "stem", "width", "zero_init_residual", "weights", *OFF_BY_DEFAULT},
+           "encoder": {"name", "stem", "width", "zero_init_residual", "torch_init", "weights", *OFF_BY_DEFAULT},
            "augment": {"recipe", "view"}}
 
 
@@ -150,6 +150,9 @@ def peer_settings(cfg, args) -> tuple[list[str], list[str], list[str]]:
     if enc.stem not in (None, "cifar") or not enc.name.startswith("resnet") or ":" in enc.name:
         unknown.append(f"encoder {enc.name} stem {enc.stem} (the peer has lightly's CIFAR ResNetGenerator)")
     flags += ["--arch", enc.name.replace("resnet", "resnet-"), *_flag("zero-init-residual", enc.zero_init_residual)]
+    if not enc.torch_init:
+        diffs.append("init: kontrast's ResNet convs Kaiming-normal, fan-out (torchvision's); lightly's ResNetGenerator "
+                     "keeps PyTorch's default (encoder.torch_init=true matches it)")
     views = peer_views(cfg)
     for i, v in enumerate(views):
         cannot = [k for k in ("translate_p", "randaugment_n") if v.get(k)]

@@ -85,6 +85,22 @@ def test_init_is_kaiming_and_zero_init_residual_is_optional():
     assert blocks and all(float(b.bn3.weight.detach().abs().max()) == 0.0 for b in blocks)
 
 
+def test_torch_init_keeps_pytorchs_default_conv_init():
+    """``encoder.torch_init``: convs as ``nn.Conv2d`` draws them (Kaiming-uniform, a = sqrt(5)), as lightly's."""
+    conv = create_encoder("resnet18", width=0.25, torch_init=True).layer1[0].conv1
+    fan_in = conv.in_channels * 9
+    assert abs(conv.weight.std().item() / (1 / (3 * fan_in)) ** 0.5 - 1) < 0.1  # uniform(+-1/sqrt(fan_in))
+    assert float(conv.weight.abs().max()) <= fan_in ** -0.5
+
+
+def test_torch_init_on_an_encoder_without_it_is_one_clear_error():
+    from kontrast.methods.build import build_encoder, resolve
+
+    cfg = resolve({"encoder": {"name": "vit_tiny", "torch_init": True}, "data": {"size": 32}})
+    with pytest.raises(UserError, match=r"has no torch_init option; set encoder.torch_init=false"):
+        build_encoder(cfg)
+
+
 def test_channels_last_and_bf16_autocast_forward_backward():
     # width 0.25: below it the 1x1 shortcut trips oneDNN (kontrast.precision.channels_last_hazard)
     enc = create_encoder("resnet18", width=0.25).to(memory_format=torch.channels_last)

@@ -85,6 +85,7 @@ class EncoderConfig:
     stem: str | None = checked(None, choices=("cifar", "imagenet"))  # cifar (3x3, no max-pool; resnet default)
     width: float = checked(1.0, gt=0)  # channel multiplier (vit_*: head dim 64 x width, a multiple of 8)
     zero_init_residual: bool = False  # each residual block starts as the identity (last BN gamma = 0; kontrast ResNets)
+    torch_init: bool = False  # kontrast ResNets: convs keep PyTorch's default init (as lightly's), not Kaiming fan-out
     depth: int | None = checked(None, ge=1)  # vit_*: blocks (None: 12); amdim: blocks per stage (None: 3)
     patch_size: int | None = checked(None, ge=1)  # vit_* only (None: 4 up to 64 px, 8 up to 128, else 16)
     freeze_patch_embed: bool = False  # vit_* only: MoCo v3's frozen random patch projection

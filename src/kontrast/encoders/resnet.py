@@ -118,14 +118,16 @@ def make_stage(block: type, c_in: int, planes: int, blocks: int, stride: int) ->
     return nn.Sequential(*layers)
 
 
-def init_weights(model: nn.Module, zero_init_residual: bool) -> None:
+def init_weights(model: nn.Module, zero_init_residual: bool, torch_init: bool = False) -> None:
     """torchvision's init: Kaiming-normal (fan_out, ReLU) convs, BN γ=1 β=0.
 
     ``zero_init_residual`` sets each block's last BN γ to 0 so every block starts as the
-    identity (Goyal et al. 2017, https://arxiv.org/abs/1706.02677).
+    identity (Goyal et al. 2017, https://arxiv.org/abs/1706.02677). ``torch_init`` leaves the
+    convs as ``nn.Conv2d`` draws them (Kaiming-uniform with a = √5: a standard deviation of
+    1/√(3 fan_in), against √(2/fan_out)), as lightly's ``ResNetGenerator`` does.
     """
     for m in model.modules():
-        if isinstance(m, nn.Conv2d):
+        if isinstance(m, nn.Conv2d) and not torch_init:
             nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
         elif isinstance(m, nn.BatchNorm2d):
             nn.init.ones_(m.weight)
@@ -145,6 +147,7 @@ class ResNet(nn.Module):
         stem: ``"cifar"`` (3×3/1, no max-pool) or ``"imagenet"`` (7×7/2 + max-pool).
         width: multiplier on every channel count (stem and stages), each rounded, ≥ 1.
         zero_init_residual: start every residual block as the identity.
+        torch_init: convolutions keep PyTorch's default init, not torchvision's (:func:`init_weights`).
 
     Attributes:
         dim: feature size of ``forward`` (= channels of the last stage), known at construction.
@@ -158,6 +161,7 @@ class ResNet(nn.Module):
         stem: str = "cifar",
         width: float = 1.0,
         zero_init_residual: bool = False,
+        torch_init: bool = False,
     ):
         super().__init__()
         if not width > 0:
@@ -174,7 +178,7 @@ class ResNet(nn.Module):
             c_in = p * block.expansion
         self.dim: int = c_in
         self.map_dims: tuple[int, ...] = tuple(p * block.expansion for p in planes)  # channels of forward_maps
-        init_weights(self, zero_init_residual)
+        init_weights(self, zero_init_residual, torch_init)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Last feature map ``[B, dim, h, w]``: h = H/8 (cifar stem) or H/32 (imagenet stem)."""

@@ -68,6 +68,7 @@ def create_method(cfg: Config, num_samples: int = 0, *, pretrained: bool = True)
 
 # encoder options only some encoders take, and what to do when another is configured with one
 ENCODER_OPTIONS = {"zero_init_residual": "set encoder.zero_init_residual=false",
+                   "torch_init": "set encoder.torch_init=false (it applies to kontrast's ResNets)",
                    "depth": "remove encoder.depth (it applies to vit_tiny, vit_small and amdim)",
                    "patch_size": "remove encoder.patch_size (it applies to vit_tiny and vit_small)",
                    "freeze_patch_embed": "set encoder.freeze_patch_embed=false (it applies to vit_tiny and vit_small)"}
