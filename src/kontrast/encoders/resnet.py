@@ -127,8 +127,9 @@ def init_weights(model: nn.Module, zero_init_residual: bool, torch_init: bool = 
     1/√(3 fan_in), against √(2/fan_out)), as lightly's ``ResNetGenerator`` does.
     """
     for m in model.modules():
-        if isinstance(m, nn.Conv2d) and not torch_init:
-            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        if isinstance(m, nn.Conv2d):
+            if not torch_init:
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
         elif isinstance(m, nn.BatchNorm2d):
             nn.init.ones_(m.weight)
             nn.init.zeros_(m.bias)
