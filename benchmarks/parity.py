@@ -232,6 +232,33 @@ def _git() -> str:
         return "unknown"
 
 
+NOTE_ONLY = ("--kontrast-lars-clip",)  # peer flags that change nothing it computes, only the notes it prints
+
+
+def same_peer_run(cmd_a: list[str], cmd_b: list[str]) -> bool:
+    """True when two peer commands compute the same thing (the python that runs them and note-only flags aside)."""
+    return [a for a in cmd_a[1:] if a not in NOTE_ONLY] == [b for b in cmd_b[1:] if b not in NOTE_ONLY]
+
+
+def earlier_peer(rows: list[dict], peer_cmd: list[str]) -> tuple[dict, list[str]] | None:
+    """The newest earlier peer result whose command computes what ``peer_cmd`` would, and the notes its peer
+    printed for ``peer_cmd`` (its row's differences less those this script adds from kontrast's config)."""
+    for old in reversed(rows):
+        if "peer" not in old or not same_peer_run(shlex.split(old["peer"]["command"]), peer_cmd):
+            continue
+        argv = ["--method", old["method"], "--seed", str(old["seed"]), "--epochs", str(old["epochs"]),
+                "--train-limit", str(old["train_limit"]), "--width", str(old["width"]), "--batch", str(old["batch"]),
+                "--threads", str(old["threads"])] + [a for item in old.get("set", []) for a in ("--set", item)]
+        old_args = build_parser().parse_args(argv)
+        old_args.peer_lars_clip = "--lars-clip" in shlex.split(old["peer"]["command"])
+        ours = set(peer_settings(resolved(old_args), old_args)[1])
+        notes = [d for d in old.get("differences", []) if d not in ours]
+        if "--kontrast-lars-clip" not in peer_cmd:  # the one note a note-only flag prints
+            notes = [d for d in notes if d != LARS_NOTE]
+        return old, notes
+    return None
+
+
 def run_pair(args) -> dict:
     cfg = resolved(args)
     flags, diffs, unknown = peer_settings(cfg, args)
@@ -263,7 +290,13 @@ def run_pair(args) -> dict:
                            "train_subset_sha": kontrast_digest(cfg),
                            "command": shlex.join(train_cmd) + " && " + shlex.join(eval_cmd)}
         print(f"kontrast kNN {scores['knn_top1']:.4f}, {summary['img_per_s']} img/s", file=sys.stderr)
-    if args.side in ("both", "peer"):
+    earlier = earlier_peer(_rows(ROOT / args.results), peer_cmd) if args.reuse_peer and args.side == "both" else None
+    if earlier:
+        old, notes = earlier
+        row["peer"] = {**old["peer"], "command": shlex.join(peer_cmd), "reused_from": f"{old['commit']}, {old['date']}"}
+        diffs += [d for d in notes if d not in diffs]
+        print(f"peer kNN {old['peer']['knn_top1']:.4f}, from the run of {old['date']} ({old['commit']})", file=sys.stderr)
+    elif args.side in ("both", "peer"):
         res, peer_process = _run(peer_cmd, logs / "peer.log", args.threads)
         row["peer"] = {"knn_top1": res["knn_top1"], "img_per_s": res["img_per_s"], "train_wall_s": res["wall_s"],
                        "process_s": round(peer_process, 1),
@@ -313,7 +346,8 @@ def table(rows: list[dict]) -> str:
             for d in r.get("differences", []):
                 notes.setdefault(d, []).append(method)
         first = rs[0]
-        commands += [f"    # {method}, seed {first['seed']} ({first['commit']}, {first['date']})",
+        reused = f"; the peer's result from the run of {first['peer']['reused_from']}" if "reused_from" in first["peer"] else ""
+        commands += [f"    # {method}, seed {first['seed']} ({first['commit']}, {first['date']}{reused})",
                      f"    {first['kontrast']['command']}", f"    {first['peer']['command']}"]
     lines = out + ["", "Settings lightly cannot match (method: what differs):", ""]
     lines += [f"- {', '.join(dict.fromkeys(ms))}: {d}" for d, ms in notes.items()] or ["- none"]
@@ -351,6 +385,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", default="runs/parity", help="run directories and logs")
     p.add_argument("--results", default=RESULTS)
     p.add_argument("--side", choices=["both", "kontrast", "peer"], default="both")
+    p.add_argument("--reuse-peer", action="store_true",
+                   help="take the peer's result from an earlier row of --results whose peer command computes the "
+                        "same thing (recorded as reused_from), instead of training the peer again")
     p.add_argument("--dry-run", action="store_true", help="print both commands and the differences, run nothing")
     p.add_argument("--allow-unmatched", action="store_true", help="run even if a config field cannot be passed")
     p.add_argument("--peer-lars-clip", action="store_true", help="peer: emulate kontrast's clipped LARS (not lightly's)")
@@ -362,12 +399,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.is_file() else []
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.table:
-        path = ROOT / args.results
-        rows = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.is_file() else []
-        text = table(rows)
+        text = table(_rows(ROOT / args.results))
         try:
             print(text)
         except BrokenPipeError:  # e.g. piped into head

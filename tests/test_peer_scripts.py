@@ -8,6 +8,7 @@ The lightly side itself runs in its own venv (benchmarks/setup_peer.sh); its pla
 import dataclasses
 import importlib.util
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -139,3 +140,24 @@ def test_table_and_doc_section(tmp_path):
     doc.write_text(f"intro\n{parity.BEGIN}\nold\n{parity.END}\nafter\n")
     parity.write_doc(doc, text)
     assert doc.read_text().startswith("intro\n") and "old" not in doc.read_text() and doc.read_text().endswith("after\n")
+
+
+def test_reuse_peer_takes_an_earlier_run_of_the_same_peer_command_and_its_notes(tmp_path):
+    def args(*extra):
+        return parity.build_parser().parse_args(["--method", "swav", "--threads", "2", *extra])
+
+    def peer_cmd(a):
+        flags, diffs, _ = parity.peer_settings(parity.resolved(a), a)
+        return ["python", parity.PEER_SCRIPT, *flags], diffs
+
+    clipped, clipped_diffs = peer_cmd(args())  # kontrast's clipped LARS: only a note-only flag more for the peer
+    assert "--kontrast-lars-clip" in clipped
+    peer_note = "blur: something only the peer script prints"
+    old = {"method": "swav", "seed": 0, "epochs": 5, "train_limit": 20000, "width": 0.25, "batch": 256, "threads": 2,
+           "set": [], "commit": "abc", "date": "d", "differences": clipped_diffs + [peer_note],
+           "peer": {"knn_top1": 0.3, "img_per_s": 100.0, "command": shlex.join(clipped)}}
+    matched, _ = peer_cmd(args("--set", "optim.lars_clip=false", "--set", "encoder.torch_init=true"))
+    found, notes = parity.earlier_peer([old], matched)
+    assert found is old and notes == [peer_note]  # the LARS and init notes were kontrast's config's, not the peer's
+    assert parity.earlier_peer([old], peer_cmd(args("--seed", "1"))[0]) is None
+    assert parity.earlier_peer([old], peer_cmd(args("--set", "method.temperature=0.2"))[0]) is None
