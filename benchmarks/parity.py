@@ -15,6 +15,8 @@ and appends one line to benchmarks/results/parity.jsonl. From the repository roo
 
     .venv/bin/python benchmarks/parity.py --method simclr --seed 0             # 20,000 images, 5 epochs
     .venv/bin/python benchmarks/parity.py --method byol --seed 1 --dry-run     # print both commands only
+    .venv/bin/python benchmarks/parity.py --method swav --reuse-peer --set encoder.torch_init=true  # the peer's
+                                          # result from an earlier row with the same peer command, if there is one
     .venv/bin/python benchmarks/parity.py --table                              # the markdown table
     .venv/bin/python benchmarks/parity.py --table --write-doc docs/results.md  # ... into its section
 
@@ -293,9 +295,10 @@ def run_pair(args) -> dict:
     earlier = earlier_peer(_rows(ROOT / args.results), peer_cmd) if args.reuse_peer and args.side == "both" else None
     if earlier:
         old, notes = earlier
-        row["peer"] = {**old["peer"], "command": shlex.join(peer_cmd), "reused_from": f"{old['commit']}, {old['date']}"}
+        first_run = old["peer"].get("reused_from", f"{old['commit']}, {old['date']}")  # a reused row names the run
+        row["peer"] = {**old["peer"], "command": shlex.join(peer_cmd), "reused_from": first_run}
         diffs += [d for d in notes if d not in diffs]
-        print(f"peer kNN {old['peer']['knn_top1']:.4f}, from the run of {old['date']} ({old['commit']})", file=sys.stderr)
+        print(f"peer kNN {old['peer']['knn_top1']:.4f}, from the run of {first_run}", file=sys.stderr)
     elif args.side in ("both", "peer"):
         res, peer_process = _run(peer_cmd, logs / "peer.log", args.threads)
         row["peer"] = {"knn_top1": res["knn_top1"], "img_per_s": res["img_per_s"], "train_wall_s": res["wall_s"],
@@ -346,7 +349,8 @@ def table(rows: list[dict]) -> str:
             for d in r.get("differences", []):
                 notes.setdefault(d, []).append(method)
         first = rs[0]
-        reused = f"; the peer's result from the run of {first['peer']['reused_from']}" if "reused_from" in first["peer"] else ""
+        reused = first["peer"].get("reused_from")
+        reused = f"; the peer's result from the run of {reused}" if reused else ""
         commands += [f"    # {method}, seed {first['seed']} ({first['commit']}, {first['date']}{reused})",
                      f"    {first['kontrast']['command']}", f"    {first['peer']['command']}"]
     lines = out + ["", "Settings lightly cannot match (method: what differs):", ""]
