@@ -234,7 +234,7 @@ def _git() -> str:
         return "unknown"
 
 
-NOTE_ONLY = ("--kontrast-lars-clip",)  # peer flags that change nothing it computes, only the notes it prints
+NOTE_ONLY = {"--kontrast-lars-clip": LARS_NOTE}  # peer flags that change nothing it computes: the note each prints
 
 
 def same_peer_run(cmd_a: list[str], cmd_b: list[str]) -> bool:
@@ -255,9 +255,8 @@ def earlier_peer(rows: list[dict], peer_cmd: list[str]) -> tuple[dict, list[str]
         old_args.peer_lars_clip = "--lars-clip" in shlex.split(old["peer"]["command"])
         ours = set(peer_settings(resolved(old_args), old_args)[1])
         notes = [d for d in old.get("differences", []) if d not in ours]
-        if "--kontrast-lars-clip" not in peer_cmd:  # the one note a note-only flag prints
-            notes = [d for d in notes if d != LARS_NOTE]
-        return old, notes
+        absent = {note for flag, note in NOTE_ONLY.items() if flag not in peer_cmd}  # notes this command won't print
+        return old, [d for d in notes if d not in absent]
     return None
 
 
