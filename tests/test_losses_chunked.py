@@ -144,3 +144,25 @@ def test_exclusion_never_drops_the_positive_by_default():
     pos = torch.tensor([0, 6, 2, 3, 1])
     ref = F.cross_entropy(cosine(a, c, 0.4), pos)
     assert abs(float(info_nce_chunked(a, c, pos, 0.4, chunk=2)) - float(ref)) < 1e-6
+
+
+@pytest.mark.parametrize("b", [511, 512, 513])
+def test_nt_xent_at_its_switch_point_equals_the_dense_form(b):
+    """At the real threshold (2B x 2B > 2^20 scores: B > 512) and one either side: the value and the gradient
+    equal the dense scores' NT-Xent, and the form switches exactly there (SimCLR's large batches take it)."""
+    d = 8
+    z1 = torch.randn(b, d, generator=gen(20), requires_grad=True)
+    z2 = torch.randn(b, d, generator=gen(21), requires_grad=True)
+    z = torch.cat([z1, z2])
+    positives, itself = nt_xent_targets(b)
+    mask = torch.zeros(2 * b, 2 * b, dtype=torch.bool)
+    mask[torch.arange(2 * b), itself] = True
+    dense = info_nce(cosine(z, z, 0.5), positives, mask)  # [2B, 2B] scores, the paper's form
+    want = torch.autograd.grad(dense, (z1, z2))
+    got_loss = nt_xent(z1, z2, 0.5)
+    got = torch.autograd.grad(got_loss, (z1, z2))
+    assert abs(float(got_loss) - float(dense)) < 1e-5
+    for g, w in zip(got, want):
+        assert torch.allclose(g, w, rtol=1e-4, atol=1e-8)
+    blocked = largest_tensor(lambda: nt_xent(z1, z2, 0.5)) < (2 * b) ** 2
+    assert blocked == (b > 512) == infonce.use_blocks(2 * b, 2 * b)

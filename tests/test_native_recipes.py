@@ -12,7 +12,7 @@ import torch
 import torchvision.transforms.v2.functional as TF
 from PIL import Image
 
-from cli_in_process import in_process
+from support.cli import in_process
 from kontrast.augment import (
     NATIVE_SIZE,
     SampleRNG,
@@ -125,9 +125,9 @@ def test_a_run_at_64px_trains_on_the_imagenet_recipe_and_says_so(tmp_path, monke
     write_shapes_files(root, 16, size=72, seed=0)
     args = ["train", "--data", str(root), "--epochs", "1", "--batch-size", "8", "--no-progress", "--set", "encoder.width=0.125", "--set", "encoder.stem=imagenet", "--set", "data.size=64",
             "--set", "train.device=cpu", "--set", "train.num_threads=1"]
-    assert in_process([*args, "--out", str(tmp_path / "run")], monkeypatch) == 0
+    assert in_process([*args, "--out", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
     assert "views: 'simclr_imagenet', the ImageNet version of 'simclr_cifar' at data.size 64" in out
     kept = [*args, "--out", str(tmp_path / "kept"), "--set", "augment.recipe=simclr_cifar"]
-    assert in_process(kept, monkeypatch) == 0
+    assert in_process(kept) == 0
     assert "views:" not in capsys.readouterr().out

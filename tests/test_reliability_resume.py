@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from cli_in_process import in_process
+from support.cli import in_process
 
 N, BATCH, EPOCHS = 48, 16, 2  # 3 steps per epoch, 6 in all
 STEPS_PER_EPOCH = N // BATCH
@@ -91,7 +91,7 @@ def reference(tmp_path_factory):
     def get(method: str, monkeypatch) -> tuple[Path, Path]:
         if method not in cache:
             out, trace = root / method, root / f"{method}.trace"
-            assert in_process(train_args(method, out), monkeypatch, f"trace={trace}") == 0
+            assert in_process(train_args(method, out), f"trace={trace}") == 0
             cache[method] = out, trace
         return cache[method]
 
@@ -147,10 +147,10 @@ def test_same_seed_same_weights_and_another_seed_differs(reference, tmp_path, mo
     """Determinism on CPU: a second run with the seed is bitwise equal; another seed is not."""
     ref, ref_trace = reference("simclr", monkeypatch)
     again = tmp_path / "again"
-    assert in_process(train_args("simclr", again), monkeypatch) == 0
+    assert in_process(train_args("simclr", again)) == 0
     a, b = final_state(again), final_state(ref)
     assert all(torch.equal(a[k], b[k]) for k in a)
     other = tmp_path / "other"
-    assert in_process([*train_args("simclr", other), "--set", "train.seed=1"], monkeypatch) == 0
+    assert in_process([*train_args("simclr", other), "--set", "train.seed=1"]) == 0
     c = final_state(other)
     assert any(not torch.equal(c[k], a[k]) for k in a if k.startswith("model."))

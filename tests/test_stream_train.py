@@ -21,7 +21,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from cli_in_process import in_process
+from support.cli import in_process
 from kontrast.data import batch_indices, write_folder_shards, write_shapes_files
 from kontrast.data.stream_source import open_stream
 from kontrast.methods import METHODS
@@ -66,16 +66,12 @@ def folder(tmp_path_factory) -> Path:
 def reference(folder, tmp_path_factory) -> Path:
     """The uninterrupted streaming run, decoded in the loop's own process (workers=0)."""
     out = tmp_path_factory.mktemp("stream_ref") / "run"
-    mp = pytest.MonkeyPatch()
-    try:
-        assert in_process(train_args(folder, out, "--set", "data.workers=0"), mp) == 0
-    finally:
-        mp.undo()
+    assert in_process(train_args(folder, out, "--set", "data.workers=0")) == 0
     return out
 
 
 def test_the_memory_paths_line_names_the_source_resolutions_too(folder, tmp_path, monkeypatch, capsys):
-    assert in_process(train_args(folder, tmp_path / "run", "--set", "data.mode=auto", "--epochs", "1"), monkeypatch) == 0
+    assert in_process(train_args(folder, tmp_path / "run", "--set", "data.mode=auto", "--epochs", "1")) == 0
     line = capsys.readouterr().out.splitlines()[0]
     assert line.startswith(f"data: {N} training images from {folder} (train); labelled, 10 classes;")
     assert "; 16x16 px; source 40x40 px (headers of 48 samples); memory path (auto: 36.0 KiB decoded at 16 px fits" in line
@@ -83,8 +79,7 @@ def test_the_memory_paths_line_names_the_source_resolutions_too(folder, tmp_path
 
 def test_a_stream_run_says_so_and_checkpoints(folder, reference, tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
-    assert in_process(train_args(folder, out, "--set", "data.mode=auto", "--set", "data.memory_budget=1e-12"),
-                      monkeypatch) == 0
+    assert in_process(train_args(folder, out, "--set", "data.mode=auto", "--set", "data.memory_budget=1e-12")) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith(f"data: streaming {N} training images from {folder} (train); labelled, 10 classes")
     assert ("source 40x40 px, cropped at decode time to 16x16 px in 2 worker(s); auto: 36.0 KiB decoded at 16 px "
@@ -98,9 +93,9 @@ def test_a_stream_run_says_so_and_checkpoints(folder, reference, tmp_path, monke
 def test_a_run_stopped_mid_epoch_resumes_bit_for_bit(workers, folder, reference, tmp_path, monkeypatch):
     """SIGTERM after step 4 (epoch 2, step 1 of 3): checkpoint, exit 143; the resumed run = the uninterrupted one."""
     out, args = tmp_path / "run", train_args(folder, tmp_path / "run", "--set", f"data.workers={workers}")
-    assert in_process(args, monkeypatch, "signal_after_step=4") == 143
+    assert in_process(args, "signal_after_step=4") == 143
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000003", "step-00000004"]
-    assert in_process([*args, "--resume"], monkeypatch) == 0
+    assert in_process([*args, "--resume"]) == 0
     assert_same_run(out, reference)
 
 
@@ -123,7 +118,7 @@ def test_shards_train_as_their_folder_does(folder, reference, tmp_path, monkeypa
     pattern = str(tmp_path / "shards" / "train-{000000..000002}.tar")
     args = train_args(pattern, tmp_path / "run", "--set", "data.mode=auto", "--set", "data.memory_budget=1e-12",
                       "--set", "data.workers=0")
-    assert in_process(args, monkeypatch) == 0
+    assert in_process(args) == 0
     line = capsys.readouterr().out.splitlines()[0]
     assert line.startswith(f"data: streaming {N} training images from {pattern} (train); labelled, 10 classes")
     assert "source 40x40 px (headers of 48 samples)" in line and "auto: 36.0 KiB decoded at 16 px is over" in line
@@ -157,7 +152,7 @@ def test_a_bad_file_mid_epoch_stops_strictly_or_is_replaced_deterministically(tm
     common = ["--set", f"train.seed={seed}", "--set", "data.workers=2"]  # checkpoints at epoch ends only
     out = tmp_path / "run"
     capsys.readouterr()
-    assert in_process(train_args(photos, out, *common), monkeypatch) == 2
+    assert in_process(train_args(photos, out, *common)) == 2
     err = capsys.readouterr().err.strip().splitlines()
     last_good = out / "checkpoints" / f"step-{first - 1:08d}"
     assert err == [f"error: unreadable image {bad} (OSError: broken data stream when reading image file) in the batch "
@@ -165,11 +160,10 @@ def test_a_bad_file_mid_epoch_stops_strictly_or_is_replaced_deterministically(tm
                    "file and resume with --resume, or resume with --skip-bad-images to replace it"]
     # no checkpoint existed mid-epoch 1: the state before the bad batch was checkpointed at the stop, nothing after
     assert first in (2, 3) and max(p.name for p in (out / "checkpoints").iterdir()) == last_good.name
-    assert in_process([*train_args(photos, out, *common), "--resume", "--skip-bad-images"], monkeypatch) == 0
+    assert in_process([*train_args(photos, out, *common), "--resume", "--skip-bad-images"]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["bad_images_replaced"] == EPOCHS  # once per epoch
     whole = tmp_path / "whole"
-    assert in_process([*train_args(photos, whole, *common), "--skip-bad-images", "--set", "data.workers=0"],
-                      monkeypatch) == 0
+    assert in_process([*train_args(photos, whole, *common), "--skip-bad-images", "--set", "data.workers=0"]) == 0
     assert_same_run(out, whole)  # stopped, resumed and replaced = replaced from the start, bit for bit
     warnings = [json.loads(line) for line in (whole / "metrics.jsonl").read_text().splitlines() if "warning" in line]
     assert [w["warning"] for w in warnings] == ["bad_image"] * EPOCHS and str(bad) in warnings[0]["message"]
@@ -230,13 +224,12 @@ def test_the_knn_monitor_runs_on_a_streamed_shard_folder(folder, tmp_path, monke
     write_folder_shards(folder, tmp_path / "shards", per_shard=20)
     out = tmp_path / "run"
     assert in_process(train_args(tmp_path / "shards", out, "--set", "train.knn_every=1", "--set",
-                                 "train.knn_max_train=30", "--set", "data.workers=0"), monkeypatch) == 0
+                                 "train.knn_max_train=30", "--set", "data.workers=0")) == 0
     knn = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "knn_top1" in line]
     assert [r["epoch"] for r in knn] == [0, 1, 2] and all(0 <= r["knn_top1"] <= 1 for r in knn)
     pattern = str(tmp_path / "shards" / "train-{000000..000002}.tar")
     capsys.readouterr()
-    assert in_process(train_args(pattern, tmp_path / "p", "--set", "train.knn_every=1", "--epochs", "1"),
-                      monkeypatch) == 0
+    assert in_process(train_args(pattern, tmp_path / "p", "--set", "train.knn_every=1", "--epochs", "1")) == 0
     assert "note: no kNN monitor: " in capsys.readouterr().err
 
 
@@ -250,7 +243,7 @@ def test_every_image_method_trains_on_the_streaming_path(name, folder, tmp_path,
     size = "32" if name in ("amdim", "yadim", "cpc_v2") else "16"  # their encoders and patch grids need 32 px
     args = train_args(folder, tmp_path / "run", "--method", name, "--epochs", "1", "--set", f"data.size={size}",
                       "--set", "data.workers=0")
-    assert in_process(args, monkeypatch) == 0
+    assert in_process(args) == 0
     summary = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert summary["steps"] == 3 and np.isfinite(summary["final_loss"])
 

@@ -6,8 +6,10 @@ Every user mistake ends as one line ``error: ...`` on stderr and exit code 2.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from kontrast.cli_args import build_parser
@@ -40,6 +42,9 @@ def _train_config(args):
     return resolve(raw)
 
 
+ERRORS_ENV = "KONTRAST_LAUNCH_ERRORS"  # set by --nproc's launcher for its workers: a folder for their input errors
+
+
 def _launch(nproc: int, argv: list[str]) -> int:
     """``kontrast train --nproc N``: the same command on N processes of this node, started by torchrun's launcher.
 
@@ -68,6 +73,11 @@ def _launch(nproc: int, argv: list[str]) -> int:
     args = get_args_parser().parse_args([f"--nproc-per-node={nproc}", f"--start-method={start}", "-m", "kontrast.cli"])
     args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())  # --standalone
     args.master_port = 29500
+    # the launcher logs a worker's exit as a traceback of its own; the worker has said why (one line for an input
+    # error, its own traceback for a crash) and the lines below name the rank
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    errors = tempfile.TemporaryDirectory(prefix="kontrast-errors-")  # each worker's input error, said once below
+    os.environ[ERRORS_ENV] = errors.name
     try:  # torchrun's own launcher, in this process; each worker runs the command without --nproc
         elastic_launch(config=config_from_args(args)[0], entrypoint=_worker)(rest)
     except SignalException as exc:  # SIGTERM / SIGINT to the launcher: torchrun passed it on and waited for them
@@ -78,12 +88,28 @@ def _launch(nproc: int, argv: list[str]) -> int:
         return 128 + int(exc.sigval)
     except ChildFailedError as exc:
         rank, first = exc.get_first_failure()  # the cause; the others were stopped by torchrun after it
+        if first.exitcode == 2:
+            _say_errors(Path(errors.name))
         if first.exitcode in (2, 130, 143):  # an input error, or a signal the run handled: the process said why
             return first.exitcode
         how = first.signal_name() if first.exitcode < 0 else f"exit code {first.exitcode}"
         print(f"error: the process of rank {rank} ended the run ({how}); torchrun stopped the others", file=sys.stderr)
         return 1
+    finally:
+        os.environ.pop(ERRORS_ENV, None)
+        errors.cleanup()
     return 0
+
+
+def _say_errors(folder: Path) -> None:
+    """The workers' input errors, each message once: the same config fails the same way on every rank."""
+    said = []
+    for path in sorted(folder.glob("rank-*"), key=lambda p: int(p.name.split("-")[1])):
+        message = path.read_text()
+        if message not in said:
+            rank = path.name.split("-")[1]
+            print(f"error: {message}" if rank == "0" else f"error: rank {rank}: {message}", file=sys.stderr, flush=True)
+            said.append(message)
 
 
 def _worker(argv: list[str]) -> None:
@@ -246,7 +272,10 @@ def main(argv: list[str] | None = None) -> int:
         return _run(build_parser().parse_args(argv), argv)
     except UserError as exc:
         rank = os.environ.get("RANK", "0")  # under torchrun: say which process speaks when it is not rank 0
-        print(f"error: {exc}" if rank == "0" else f"error: rank {rank}: {exc}", file=sys.stderr, flush=True)
+        if ERRORS_ENV in os.environ and "RANK" in os.environ:  # a worker of --nproc: the launcher says it, once
+            Path(os.environ[ERRORS_ENV], f"rank-{rank}").write_text(str(exc))
+        else:
+            print(f"error: {exc}" if rank == "0" else f"error: rank {rank}: {exc}", file=sys.stderr, flush=True)
         return 2
     except Interrupted as exc:  # SIGTERM / SIGINT during training: checkpoint written, then 143 / 130
         if os.environ.get("RANK", "0") == "0" or exc.exit_code not in (130, 143):  # a signal: rank 0 speaks for all

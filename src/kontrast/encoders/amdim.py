@@ -75,6 +75,7 @@ class AMDIMEncoder(nn.Module):
         self.stages = nn.ModuleList(stages)
         self.map_dims: tuple[int, ...] = tuple(c * m for _, _, m in STAGES[1:])
         self.dim: int = c_in
+        self.min_size: int = smallest_input()  # 32: every valid convolution keeps at least one position
 
     def forward_maps(self, x: torch.Tensor) -> list[torch.Tensor]:
         """Maps after stages 2-4, finest first: 32 px -> [B, 4c, 7, 7], [B, 8c, 5, 5], [B, 8c, 1, 1]."""
@@ -87,6 +88,14 @@ class AMDIMEncoder(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_maps(x)[-1].mean(dim=(2, 3))  # [B, dim]
+
+
+def smallest_input() -> int:
+    """The smallest image side (px) that leaves a 1x1 last map: each valid k x k / s conv needs (out - 1) s + k in."""
+    side = 1
+    for kernel, stride, _ in reversed(((3, 1, 1), *STAGES)):  # the stem's 3x3 conv first in the forward pass
+        side = (side - 1) * stride + kernel
+    return side
 
 
 @ENCODERS.register("amdim")

@@ -179,6 +179,10 @@ class ResNet(nn.Module):
             c_in = p * block.expansion
         self.dim: int = c_in
         self.map_dims: tuple[int, ...] = tuple(p * block.expansion for p in planes)  # channels of forward_maps
+        # the total stride (8 or 32): a smaller view leaves the last stages a single padded position, where BatchNorm
+        # normalises the rounding of a near-constant channel (bf16 at 4-16 px through the ImageNet stem: non-finite
+        # gradients by step 2 in SimCLR, Barlow Twins and CLIP; 32 px and the CIFAR stem from 8 px train)
+        self.min_size: int = 8 if stem == "cifar" else 32
         init_weights(self, zero_init_residual, torch_init)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:

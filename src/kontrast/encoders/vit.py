@@ -142,6 +142,7 @@ class VisionTransformer(nn.Module):
                             "set encoder.patch_size to a divisor of it")
         self.dim, self.heads, self.depth = dim, heads, depth
         self.image_size, self.patch_size = image_size, patch_size
+        self.min_size = patch_size  # a smaller view has no patch
         self.map_dims: tuple[int, ...] = (dim,)
         self.conv_proj = nn.Conv2d(3, dim, kernel_size=patch_size, stride=patch_size)
         self.class_token = nn.Parameter(torch.zeros(1, 1, dim))

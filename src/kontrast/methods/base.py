@@ -119,6 +119,16 @@ class Method(nn.Module):
         """Raise a UserError when ``params`` cannot run on ``world`` processes sharing a global batch of ``batch_size``
         (checked before any process starts)."""
 
+    def size_problem(self, view_px: int) -> str | None:
+        """Why views whose smallest side is ``view_px`` pixels cannot be trained (None: they can).
+
+        The default asks the encoder (``encoder.min_size``, 1 when it has none: AMDIM's valid convolutions need
+        32 px); a method whose own structure needs more (CPC v2's patch grid) adds its limit.
+        """
+        need = getattr(self.encoder, "min_size", 1)
+        return f"its encoder takes views of at least {need} px, the smallest view is {view_px} px" \
+            if view_px < need else None
+
     def bind_data(self, data: Any) -> str | None:
         """Receive the training set (:class:`~kontrast.data.Samples`) once, before training.
 

@@ -8,13 +8,15 @@ what spans sections. ``create_method(cfg)`` builds the encoder and the method fr
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 
 from kontrast.augment import native_recipe, recipe_views
 from kontrast.config import Config, build_config, merge
 from kontrast.encoders import check_encoder_name, create_encoder
-from kontrast.encoders.vit import VIT_SIZES
+from kontrast.encoders.vit import VIT_SIZES, default_patch_size
 from kontrast.encoders.weights import load_weights_into
 from kontrast.errors import UserError
 from kontrast.methods.base import Method
@@ -117,6 +119,34 @@ def view_specs(cfg: Config, method: Method) -> tuple:
             raise UserError(f"method {cfg.method.name} takes no image augmentation; remove the augment settings")
         return ()
     return recipe_views(run_recipe(cfg, method), cfg.data.size, cfg.augment.view)
+
+
+def _view_problem(cfg: Config, method: Method, size: int) -> str | None:
+    """Why ``method`` cannot train at ``data.size = size`` (its smallest view too small), or None."""
+    try:
+        views = recipe_views(run_recipe(replace(cfg, data=replace(cfg.data, size=size)), method), size, cfg.augment.view)
+    except UserError as err:  # a view setting that needs a larger side (AMDIM's translation)
+        return str(err)
+    if cfg.encoder.name in VIT_SIZES and size % (cfg.encoder.patch_size or default_patch_size(size)):
+        return f"the ViT's patches ({cfg.encoder.patch_size or default_patch_size(size)} px) do not tile {size} px"
+    return method.size_problem(min(spec.size for spec in views))
+
+
+def smallest_size(cfg: Config, method: Method, largest: int = 1024) -> int | None:
+    """The smallest ``data.size`` at which ``method`` (as configured) takes every view; None up to ``largest``."""
+    if method.recipe is None:
+        return None
+    return next((size for size in range(4, largest + 1) if _view_problem(cfg, method, size) is None), None)
+
+
+def check_size(cfg: Config, method: Method) -> None:
+    """A one-line UserError, before any step, when the views at ``data.size`` are too small for the method."""
+    problem = method.recipe is not None and _view_problem(cfg, method, cfg.data.size)
+    if problem:
+        smallest = smallest_size(cfg, method)
+        fix = f"set data.size={smallest} or larger" if smallest else "change the method's patch or encoder settings"
+        raise UserError(f"data.size {cfg.data.size} is too small for {cfg.method.name} with encoder "
+                        f"{cfg.encoder.name}: {problem}; {fix}")
 
 
 def run_recipe(cfg: Config, method: Method) -> str:

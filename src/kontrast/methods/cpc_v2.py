@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from kontrast.augment.patches import grid_size
 from kontrast.config import checked
 from kontrast.encoders.patches import PatchGridEncoder
 from kontrast.errors import UserError
@@ -59,6 +60,17 @@ class CPCV2(Method):
     @classmethod
     def check_world(cls, params: CPCV2Params, world: int, batch_size: int) -> None:
         check_pools("cpc_v2", params.negative_pool, world, batch_size)
+
+    def size_problem(self, view_px: int) -> str | None:
+        p = self.params
+        rows = grid_size(view_px, p.patch_size, p.patch_stride) if view_px >= p.patch_size else 0
+        if rows <= p.max_offset:
+            return (f"its patch grid ({p.patch_size}-px patches at stride {p.patch_stride}) has {rows} rows, "
+                    f"need more than method.max_offset={p.max_offset}")
+        need = getattr(self.encoder.encoder, "min_size", 1)  # the encoder sees one patch at a time
+        if p.patch_size < need:
+            return f"its encoder takes patches of at least {need} px, method.patch_size is {p.patch_size}"
+        return None
 
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:

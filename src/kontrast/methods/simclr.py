@@ -9,7 +9,7 @@ SGD lr 0.06 x batch/256, weight decay 5e-4 (lightly's CIFAR-10 benchmark recipe)
 statistics are those of one view's batch, as lightly and solo-learn do; ``joint`` sends both views as
 one 2B batch, as the authors' TensorFlow code does (BN over both views). On a CPU the two B batches run
 faster than one 2B batch: ResNet-18 width 0.5, batch 384, channels_last, 2 threads: 121 against 105
-images/s end to end (issue 19, docs/performance.md section 10).
+images/s end to end (docs/performance.md section 10).
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ import torch
 
 from kontrast.config import checked
 from kontrast.extract import mlp
-from kontrast.losses import mi_bound, nt_xent, two_view_info_nce, use_blocks
+from kontrast.losses import mi_bound, nt_xent
 from kontrast.methods.base import Method, Progress, embedding_std
 from kontrast.registry import METHODS
-from kontrast.similarity import cosine
 
 VIEW_BN = ("per_view", "joint")
 
@@ -62,10 +61,8 @@ class SimCLR(Method):
         # on W ranks B is this rank's share; the candidates are every rank's views (one process: z itself)
         candidates = self.ranks.gather(z)  # [2BW, proj_dim] cat(view 1, view 2) of each rank, in rank order
         offset = 2 * b * self.ranks.rank  # column of this rank's first view
-        if use_blocks(2 * b, candidates.shape[0]):  # over 512: the same loss, scores in row blocks (losses/chunked.py)
-            loss = nt_xent(z[:b], z[b:], tau, candidates, offset)
-        else:
-            scores = cosine(z, candidates, tau)  # [2B, 2BW] sim(z_i, z_j) / tau
-            loss = two_view_info_nce(scores, b, offset)  # NT-Xent (eq. 1): row i picks its image's other view; itself masked
+        # NT-Xent (eq. 1) on the scores cosine(z, candidates) / tau, [2B, 2BW]: row i picks its image's other view,
+        # itself masked; above 2^20 score entries nt_xent forms them in row blocks (the same value, losses/chunked.py)
+        loss = nt_xent(z[:b], z[b:], tau, candidates=candidates, offset=offset)
         n = candidates.shape[0] - 1  # candidates per anchor: every view in the global batch but itself
         return {"loss": loss, "embedding_std": embedding_std(z[:b]), "mi_bound": mi_bound(loss, n)}

@@ -34,7 +34,7 @@ from kontrast.precision import choose_precision
 from kontrast.train import distributed
 from kontrast.train.data_path import (TrainData, bad_image_error, check_batch, choose_mode, epoch_batches,
                                      load_train_data)
-from kontrast.methods.build import check_inputs, create_method, encoder_layers, run_recipe, view_specs
+from kontrast.methods.build import check_inputs, check_size, create_method, encoder_layers, run_recipe, view_specs
 from kontrast.train.faults import NoFaults
 from kontrast.train.guards import CollapseMonitor, NonFiniteGuard, SignalStop, floating_state, nonfinite
 from kontrast.train.optim import create_optimizer, lr_schedule, peak_lr
@@ -115,6 +115,7 @@ def _setup(cfg: Config, faults: NoFaults, resume: bool = False,
     if note:
         print(note, file=sys.stderr)
     check_inputs(method, data)
+    check_size(cfg, method)  # views too small for the encoder or the method: one line, before any step
     specs = view_specs(cfg, method)  # () for a sequence method: it gets the raw float batch
     if ranks.rank == 0 and specs and run_recipe(cfg, method) != (cfg.augment.recipe or method.recipe):
         print(f"views: {run_recipe(cfg, method)!r}, the ImageNet version of {method.recipe!r} at data.size "

@@ -1,0 +1,35 @@
+"""Argument lists shared by the tests: the tiny settings every CLI run starts from, and small heads.
+
+Tiny: ResNet-18 at an eighth of its width on 16-px images, no progress bar. Small heads: the projection
+heads, predictors, prototypes and queues of each method cut to sizes that change nothing the tests check
+(the code path is the same) and cost a fraction of the paper's at CPU scale.
+"""
+
+from __future__ import annotations
+
+TINY_SETTINGS = ["encoder.width=0.125", "data.size=16"]
+TINY = [arg for item in TINY_SETTINGS for arg in ("--set", item)] + ["--no-progress"]
+
+HEADS: dict[str, list[str]] = {
+    "barlow_twins": ["method.proj_hidden=128", "method.proj_dim=128"],
+    "vicreg": ["method.proj_hidden=128", "method.proj_dim=128"],
+    "byol": ["method.proj_hidden=64", "method.pred_hidden=64"],
+    "moco_v2": ["method.proj_hidden=64"],
+    "moco_v3": ["method.proj_hidden=64", "method.pred_hidden=64"],
+    "simsiam": ["method.proj_hidden=64", "method.proj_dim=64", "method.pred_hidden=32"],
+    "nnclr": ["method.queue_size=2048", "method.proj_hidden=64", "method.pred_hidden=64"],
+    "swav": ["method.proj_hidden=64", "method.num_prototypes=30"],
+    "dino": ["method.proj_hidden=64", "method.bottleneck_dim=32", "method.num_prototypes=64"],
+    "amdim": ["method.n_rkhs=32"],
+    "yadim": ["method.n_rkhs=32"],
+}
+
+
+def small_heads(method: str) -> list[str]:
+    """``--set`` items that shrink ``method``'s heads (none for a method whose heads are small already)."""
+    return list(HEADS.get(method, []))
+
+
+def sets(items: list[str]) -> list[str]:
+    """``["a=1", "b=2"]`` -> ``["--set", "a=1", "--set", "b=2"]``."""
+    return [arg for item in items for arg in ("--set", item)]

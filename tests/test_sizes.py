@@ -1,0 +1,62 @@
+"""The smallest image each method and encoder takes: trained at the limit, refused in one line one pixel below."""
+
+import pytest
+import torch
+
+from kontrast.augment import make_views
+from kontrast.errors import UserError
+from kontrast.methods.base import Progress
+from kontrast.methods.build import check_size, create_method, resolve, smallest_size, view_specs
+from kontrast.config import merge, parse_override
+from support.args import small_heads
+from support.cli import in_process
+
+
+def _cfg(method: str, size: int, *items: str):
+    raw = {"method": {"name": method}, "data": {"size": size}}
+    for item in [*items, *small_heads(method)]:
+        raw = merge(raw, parse_override(item))
+    return resolve(raw)
+
+
+LIMITS = [  # (method, settings, smallest data.size, what the error names)
+    ("simclr", ["encoder.stem=cifar", "encoder.width=0.25"], 8, "at least 8 px"),
+    ("simclr", ["encoder.stem=imagenet", "encoder.width=0.25"], 32, "at least 32 px"),
+    ("swav", ["encoder.stem=cifar", "encoder.width=0.25"], 15, "at least 8 px"),  # small crops: half the side
+    ("amdim", [], 32, "at least 32 px"),
+    ("yadim", [], 32, "at least 32 px"),
+    ("cpc_v2", ["encoder.width=0.25"], 20, "patch grid"),
+    ("byol", ["encoder.name=vit_tiny", "encoder.width=0.125", "encoder.depth=1", "encoder.patch_size=4"], 4, ""),
+]
+
+
+@pytest.mark.parametrize("method, items, smallest, fragment", LIMITS, ids=lambda v: str(v) if isinstance(v, int) else None)
+def test_smallest_size_trains_and_one_pixel_less_is_refused(method, items, smallest, fragment):
+    cfg = _cfg(method, smallest, *items)
+    model = create_method(cfg, num_samples=4)
+    assert smallest_size(cfg, model) == smallest
+    check_size(cfg, model)  # accepted at the limit ...
+    images = torch.randint(0, 256, (4, 3, smallest, smallest), dtype=torch.uint8)
+    views = make_views(images, view_specs(cfg, model), torch.Generator().manual_seed(0))
+    out = model.training_step(views, torch.arange(4), Progress(0, 0, 1, 1))  # ... and runs there
+    assert torch.isfinite(out["loss"])
+    if smallest > 4:
+        below = _cfg(method, smallest - 1, *items)
+        with pytest.raises(UserError, match=f"data.size {smallest - 1} is too small.*{fragment}.*set data.size={smallest}"):
+            check_size(below, create_method(below, num_samples=4))
+
+
+@pytest.mark.parametrize("method, items, fragment", [
+    ("amdim", ["encoder.name=vit_tiny", "encoder.width=0.125", "encoder.depth=1"], "feature maps at >= 3 scales"),
+    ("cpc_v2", ["encoder.stem=imagenet", "encoder.width=0.25"], "patches of at least 32 px"),
+    ("simclr", ["encoder.name=vit_tiny", "encoder.width=0.125", "encoder.depth=1", "data.size=18"], "multiple"),
+])
+def test_a_combination_that_cannot_train_is_refused_in_one_line(method, items, fragment, tmp_path, capsys):
+    args = ["train", "--method", method, "--data", "shapes:40", "--batch-size", "4", "--epochs", "1",
+            "--out", str(tmp_path / "run"), "--no-progress", "--set", "data.size=32"]
+    for item in items:
+        args += ["--set", item]
+    assert in_process(args) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], lines
+    assert not (tmp_path / "run" / "checkpoints").exists()
