@@ -12,32 +12,12 @@ from kontrast.extract import nearest_neighbours
 from kontrast.losses import decoupled_info_nce, two_view_info_nce, von_mises_fisher_weights
 from kontrast.methods.base import Progress
 from kontrast.methods.build import create_method, resolve
-
-
-def _cos(a, b):
-    return (a @ b) / (a.norm() * b.norm())
+from support.reference import cosine64, naive_dcl
 
 
 def _scores(anchors, candidates, tau):
     """cosine / tau in float64 (``kontrast.similarity.cosine`` computes in float32)."""
     return F.normalize(anchors, dim=1) @ F.normalize(candidates, dim=1).T / tau
-
-
-def naive_dcl(z1, z2, tau, sigma=None):
-    """Eq. 6 loop by loop: for view k of image i, -w_i cos(z_i^1, z_i^2)/tau + log sum over the 2(B-1) views of
-    the other images of exp(cos/tau); mean over the 2B anchors. DCLW: w_i = 2 - exp(cos_ii'/sigma) / mean_j
-    exp(cos_jj'/sigma), a constant weight (computed from plain floats, so no gradient flows through it)."""
-    b = z1.shape[0]
-    z = torch.cat([z1, z2])
-    pos_cos = [float(_cos(z1[j], z2[j]).detach()) for j in range(b)]
-    mean_exp = sum(math.exp(c / sigma) for c in pos_cos) / b if sigma else None
-    total = 0
-    for i in range(2 * b):
-        image, other = i % b, (i + b) % (2 * b)
-        w = 2 - math.exp(pos_cos[image] / sigma) / mean_exp if sigma else 1.0
-        negatives = sum(torch.exp(_cos(z[i], z[k]) / tau) for k in range(2 * b) if k not in (i, other))
-        total = total - w * _cos(z[i], z[other]) / tau + torch.log(negatives)
-    return total / (2 * b)
 
 
 def _pair(b=5, d=4, seed=0):
@@ -117,7 +97,7 @@ def test_nearest_neighbours_match_brute_force():
     z, support = torch.randn(9, 5, generator=g), torch.randn(40, 5, generator=g) * 3  # un-normalised: cosine decides
     got = nearest_neighbours(z, support)
     for i in range(9):
-        sims = [float(_cos(z[i].double(), support[k].double())) for k in range(40)]
+        sims = [float(cosine64(z[i].double(), support[k].double())) for k in range(40)]
         assert torch.equal(got[i], support[max(range(40), key=sims.__getitem__)])
     assert not got.requires_grad
 

@@ -15,26 +15,7 @@ from kontrast.train.guards import CollapseMonitor
 from kontrast.losses import dino_loss, mean_entropy, teacher_distribution, teacher_temperature, update_centre
 from kontrast.methods.base import Progress
 from kontrast.methods.build import create_method, resolve
-
-
-def naive_dino(student, teacher, centre, tau_s, tau_t):
-    """Eq. 3 with the authors' averaging, loop by loop in float64: for each global view a the teacher saw and each
-    other view v, the batch mean of H(P_t, P_s) = -sum_k P_t,k log P_s,k with P_t = softmax((t - c) / tau_t) (no
-    gradient) and P_s = softmax(s / tau_s); then the mean over those pairs."""
-    n_views, batch, k = student.shape
-    total, pairs = 0.0, 0
-    for a in range(teacher.shape[0]):
-        for v in range(n_views):
-            if v == a:
-                continue
-            pair = 0.0
-            for b in range(batch):
-                t = [(float(teacher[a, b, j].detach()) - float(centre[j])) / tau_t for j in range(k)]  # plain floats: no grad
-                z_t = sum(math.exp(x) for x in t)
-                log_z_s = torch.log(sum(torch.exp(student[v, b, j] / tau_s) for j in range(k)))
-                pair = pair - sum(math.exp(t[j]) / z_t * (student[v, b, j] / tau_s - log_z_s) for j in range(k))
-            total, pairs = total + pair / batch, pairs + 1
-    return total / pairs
+from support.reference import naive_dino
 
 
 def _logits(seed, views=4, batch=5, k=7):

@@ -14,22 +14,9 @@ from kontrast.evaluate import (
     linear_probe,
     raw_pixel_features,
 )
+from support.reference import naive_knn
 
 MEAN, STD = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
-
-
-def naive_knn(train, train_labels, test, k, temperature, num_classes):
-    """Wu et al. 2018, sec. 3.4, one test sample at a time in float64 Python."""
-    train = [row / row.norm() for row in train.double()]
-    preds = []
-    for q in test.double():
-        q = q / q.norm()
-        sims = sorted(((float(q @ t), i) for i, t in enumerate(train)), reverse=True)[:k]
-        votes = [0.0] * num_classes
-        for sim, i in sims:
-            votes[int(train_labels[i])] += math.exp(sim / temperature)
-        preds.append(max(range(num_classes), key=votes.__getitem__))
-    return torch.tensor(preds)
 
 
 def blobs(n_per_class, num_classes, dim, spread, generator):

@@ -22,6 +22,7 @@ from kontrast.methods import METHODS
 from kontrast.methods.build import check_inputs, create_method, resolve, view_specs
 from kontrast.similarity import bilinear, scaled_dot, soft_clip
 from kontrast.train.loop import fit
+from support.reference import naive_shared_negatives
 
 G = torch.Generator().manual_seed(0)
 
@@ -51,18 +52,6 @@ def test_scaled_dot_and_soft_clip_match_amdim_formulas():
 
 
 # ----------------------------------------------------------------------------- losses
-
-
-def naive_shared_negatives(scores, pos, neg):
-    """One InfoNCE term per positive pair: -log e^{s_ij} / (e^{s_ij} + sum_{m in neg(i)} e^{s_im})."""
-    terms = []
-    for i in range(scores.shape[0]):
-        negs = sum(math.exp(float(scores[i, m])) for m in range(scores.shape[1]) if neg[i, m])
-        for j in range(scores.shape[1]):
-            if pos[i, j]:
-                e = math.exp(float(scores[i, j]))
-                terms.append(-math.log(e / (e + negs)))
-    return sum(terms) / len(terms)
 
 
 def test_nce_shared_negatives_matches_per_pair_formula():

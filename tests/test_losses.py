@@ -8,32 +8,7 @@ import torch.nn.functional as F
 
 from kontrast.losses import info_nce, moco_loss, negative_cosine, normalized_mse, nt_xent
 from kontrast.similarity import cosine, dot, paired_cosine
-
-
-def _cos(a, b):
-    return float((a @ b) / (a.norm() * b.norm()))
-
-
-def naive_nt_xent(z1, z2, tau):
-    """SimCLR eq. 1: l(i,j) = -log exp(s_ij/t) / sum_{k != i} exp(s_ik/t), averaged over all 2N anchors."""
-    z = torch.cat([z1, z2]).double()
-    n2 = z.shape[0]
-    total = 0.0
-    for i in range(n2):
-        j = (i + n2 // 2) % n2
-        denom = sum(math.exp(_cos(z[i], z[k]) / tau) for k in range(n2) if k != i)
-        total += -math.log(math.exp(_cos(z[i], z[j]) / tau) / denom)
-    return total / n2
-
-
-def naive_moco(q, k, queue, tau):
-    """MoCo eq. 1: -log exp(q.k+/t) / (exp(q.k+/t) + sum_queue exp(q.k-/t)), normalised q, k."""
-    total = 0.0
-    for i in range(q.shape[0]):
-        pos = math.exp(_cos(q[i].double(), k[i].double()) / tau)
-        neg = sum(math.exp(_cos(q[i].double(), queue[j].double()) / tau) for j in range(queue.shape[0]))
-        total += -math.log(pos / (pos + neg))
-    return total / q.shape[0]
+from support.reference import cosine64, naive_moco, naive_nt_xent
 
 
 @pytest.mark.parametrize("tau", [0.07, 0.5, 1.0])
@@ -85,17 +60,17 @@ def test_byol_and_simsiam_losses_match_formulas():
     p, z = torch.randn(6, 8, generator=g, dtype=torch.float64), torch.randn(6, 8, generator=g, dtype=torch.float64)
     naive_mse = sum(float(((p[i] / p[i].norm() - z[i] / z[i].norm()) ** 2).sum()) for i in range(6)) / 6
     assert normalized_mse(p, z).item() == pytest.approx(naive_mse, rel=1e-6)
-    naive_cos = -sum(_cos(p[i], z[i]) for i in range(6)) / 6
+    naive_cos = -sum(float(cosine64(p[i], z[i])) for i in range(6)) / 6
     assert negative_cosine(p, z).item() == pytest.approx(naive_cos, rel=1e-6)
 
 
 def test_similarities():
     a, b = torch.randn(3, 4, dtype=torch.float64), torch.randn(5, 4, dtype=torch.float64)
     assert torch.allclose(dot(a, b), torch.tensor([[float(x @ y) for y in b] for x in a], dtype=torch.float64))
-    expect = torch.tensor([[_cos(x, y) / 0.1 for y in b] for x in a], dtype=torch.float64)
+    expect = torch.tensor([[float(cosine64(x, y)) / 0.1 for y in b] for x in a], dtype=torch.float64)
     assert torch.allclose(cosine(a, b, 0.1).double(), expect, atol=1e-4)
     assert torch.allclose(paired_cosine(a, a[[1, 0, 2]]).double(),
-                          torch.tensor([_cos(a[i], a[j]) for i, j in [(0, 1), (1, 0), (2, 2)]], dtype=torch.float64),
+                          torch.tensor([float(cosine64(a[i], a[j])) for i, j in [(0, 1), (1, 0), (2, 2)]], dtype=torch.float64),
                           atol=1e-6)
 
 

@@ -11,21 +11,11 @@ import kontrast.losses.chunked as chunked
 import kontrast.losses.infonce as infonce
 from kontrast.losses import info_nce, info_nce_chunked, nt_xent
 from kontrast.similarity import cosine
+from support.reference import naive_info_nce
 
 
 def gen(seed):
     return torch.Generator().manual_seed(seed)
-
-
-def naive_info_nce(a, c, positives, tau, exclude=None):
-    """float64 loop over rows, from van den Oord et al. 2018 eq. 4 with cosine / tau scores."""
-    total = 0.0
-    for i in range(a.shape[0]):
-        ai = a[i] / a[i].norm()
-        s = [float(ai @ (c[j] / c[j].norm())) / tau for j in range(c.shape[0])]
-        denom = sum(math.exp(v) for j, v in enumerate(s) if exclude is None or j != int(exclude[i]))
-        total += -(s[int(positives[i])] - math.log(denom))
-    return total / a.shape[0]
 
 
 def nt_xent_targets(b, offset=0):

@@ -8,51 +8,7 @@ import torch
 
 from kontrast.losses import barlow_twins_loss, vicreg_loss
 from kontrast.losses.redundancy import BN_EPS
-
-
-def naive_barlow_twins(z1, z2, lambd):
-    """Zbontar et al. 2021, eq. 1-2: C_ij = sum_b zn1_bi zn2_bj / N over batch-standardised z (BN: biased
-    variance, eps 1e-5); (sum_i (1 - C_ii)^2 + lambd * sum_{i != j} C_ij^2, the two sums). Loops over dimensions
-    and samples."""
-    n, d = z1.shape
-
-    def standardized(z):
-        cols = []
-        for i in range(d):
-            col = [z[b, i] for b in range(n)]
-            mean = sum(col) / n
-            var = sum((x - mean) ** 2 for x in col) / n
-            cols.append([(x - mean) / torch.sqrt(var + BN_EPS) for x in col])
-        return cols  # cols[i][b]
-
-    a, b = standardized(z1), standardized(z2)
-    on_diag, off_diag = 0.0, 0.0
-    for i in range(d):
-        for j in range(d):
-            c_ij = sum(a[i][k] * b[j][k] for k in range(n)) / n
-            if i == j:
-                on_diag = on_diag + (1 - c_ij) ** 2
-            else:
-                off_diag = off_diag + c_ij ** 2
-    return on_diag + lambd * off_diag, on_diag, off_diag
-
-
-def naive_vicreg(z1, z2, lam, mu, nu, eps=1e-4):
-    """Bardes et al. 2022, eq. 1-6 / Algorithm 1, term by term with loops: (total, s, v(z1) + v(z2), c(z1) + c(z2))."""
-    n, d = z1.shape
-    s = sum((z1[b, i] - z2[b, i]) ** 2 for b in range(n) for i in range(d)) / (n * d)  # MSE
-    v, c = 0.0, 0.0
-    for z in (z1, z2):
-        means = [sum(z[b, i] for b in range(n)) / n for i in range(d)]
-        for i in range(d):
-            var = sum((z[b, i] - means[i]) ** 2 for b in range(n)) / (n - 1)
-            v = v + torch.clamp(1 - torch.sqrt(var + eps), min=0) / d  # hinge at gamma = 1, mean over dims
-        for i in range(d):
-            for j in range(d):
-                if i != j:
-                    cov = sum((z[b, i] - means[i]) * (z[b, j] - means[j]) for b in range(n)) / (n - 1)
-                    c = c + cov ** 2 / d
-    return lam * s + mu * v + nu * c, s, v, c
+from support.reference import naive_barlow_twins, naive_vicreg
 
 
 def _pair(seed, n=7, d=5, scale=0.6):

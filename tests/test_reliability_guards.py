@@ -22,6 +22,7 @@ from kontrast.config import checked, parse_section
 from kontrast.errors import UserError
 from kontrast.losses.infonce import info_nce, moco_loss, nt_xent
 from kontrast.train.guards import NonFiniteGuard
+from support.reference import cross_entropy64, naive_moco, naive_nt_xent
 
 
 def train_args(out: Path, *extra: str, method: str = "simclr") -> list[str]:
@@ -106,34 +107,6 @@ def test_skip_policy_stops_after_max_consecutive_skips(tmp_path, capsys, monkeyp
 # ------------------------------------------------------------------------------------ numerics under bf16
 
 
-def _unit64(z: torch.Tensor) -> torch.Tensor:
-    """Rows scaled to unit length in float64; an all-zero row stays zero (F.normalize's convention)."""
-    z = z.detach().double()
-    return z / z.norm(dim=1, keepdim=True).clamp_min(1e-12)
-
-
-def _ce64(scores: torch.Tensor, positive: int, exclude: int | None = None) -> float:
-    """-log(exp(s_pos) / sum_j exp(s_j)) for one row, float64, max-shifted, the naive way."""
-    s = [float(v) for v in scores]
-    m = max(v for j, v in enumerate(s) if j != exclude)
-    den = sum(math.exp(v - m) for j, v in enumerate(s) if j != exclude)
-    return -(s[positive] - m - math.log(den))
-
-
-def ref_nt_xent(z1, z2, tau) -> float:
-    """SimCLR eq. 1 in float64: positive = the other view, the anchor itself excluded."""
-    z = _unit64(torch.cat([z1, z2]))
-    b = z1.shape[0]
-    s = z @ z.T / tau
-    return sum(_ce64(s[i], (i + b) % (2 * b), exclude=i) for i in range(2 * b)) / (2 * b)
-
-
-def ref_moco(q, k, queue, tau) -> float:
-    """MoCo's InfoNCE in float64: column 0 = own key, then the queue."""
-    qn, kn, Q = _unit64(q), _unit64(k), _unit64(queue)
-    return sum(_ce64(torch.cat([(qn[i] @ kn[i])[None], Q @ qn[i]]) / tau, 0) for i in range(len(q))) / len(q)
-
-
 def hostile_embeddings(seed: int, b: int = 12, d: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     z1 = torch.randn(b, d, generator=g)
@@ -151,7 +124,7 @@ def test_infonce_family_under_bf16_autocast(tau, dtype):
     queue = torch.cat([z2[:5].detach(), torch.randn(20, 32).to(dtype)])  # the queue holds copies of keys
     with torch.autocast("cpu", dtype=torch.bfloat16):
         losses = {"nt_xent": nt_xent(z1, z2, tau), "moco": moco_loss(z1, z2.detach(), queue, tau)}
-    refs = {"nt_xent": ref_nt_xent(z1, z2, tau), "moco": ref_moco(z1, z2, queue, tau)}
+    refs = {"nt_xent": naive_nt_xent(z1, z2, tau), "moco": naive_moco(z1, z2, queue, tau)}
     for name, loss in losses.items():
         assert torch.isfinite(loss), name
         value = float(loss.detach())
@@ -166,7 +139,7 @@ def test_info_nce_masked_row_with_extreme_scores():
     mask = torch.tensor([[False, False, False], [True, False, False]])
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss = info_nce(scores, torch.tensor([2, 1]), mask)
-    expect = (_ce64(scores[0], 2) + _ce64(scores[1], 1, exclude=0)) / 2
+    expect = (cross_entropy64(scores[0], 2) + cross_entropy64(scores[1], 1, exclude=0)) / 2
     assert torch.isfinite(loss) and abs(float(loss) - expect) <= 1e-2 * abs(expect)
 
 

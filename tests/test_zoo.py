@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from kontrast.losses import info_nce, moco_loss, nt_xent, spectral_contrastive_loss
+from support.reference import naive_nce, naive_spectral
 from kontrast.similarity import (
     concat_sum_scores,
     kernel_scores,
@@ -124,21 +125,6 @@ def test_gaussian_kernel_infonce_equals_cosine_infonce_on_the_sphere(tau):
 # ---------------------------------------------------------------- spectral contrastive loss
 
 
-def naive_spectral(z1, z2, mu):
-    """HaoChen et al. 2021, eq. for L(f) on a batch: -2 mean_i f(x_i).f(x_i+) + mean_{i != j} (f(x_i).f(x_j+))^2,
-    after the recipe's norm clip to sqrt(mu), divided by mu."""
-    def clip(v):
-        n = math.sqrt(sum(float(x) ** 2 for x in v))
-        return [float(x) * (math.sqrt(mu) / n if n >= math.sqrt(mu) else 1.0) for x in v]
-
-    u, v = [clip(r) for r in z1], [clip(r) for r in z2]
-    b = len(u)
-    dot = lambda x, y: sum(p * q for p, q in zip(x, y))  # noqa: E731
-    pos = sum(dot(u[i], v[i]) for i in range(b)) / b
-    neg = sum(dot(u[i], v[j]) ** 2 for i in range(b) for j in range(b) if i != j) / (b * (b - 1))
-    return (-2 * pos + neg) / mu
-
-
 @pytest.mark.parametrize("mu", [1.0, 10.0])
 @pytest.mark.parametrize("scale", [0.1, 3.0])  # rows inside and outside the sqrt(mu) ball
 def test_spectral_loss_matches_formula(mu, scale):
@@ -181,21 +167,6 @@ def test_memory_bank_update_by_hand():
     assert torch.allclose(bank.items[1], torch.tensor([0.6, -0.8]))
     with pytest.raises(ValueError):
         MemoryBank(3, 2, momentum=1.0)
-
-
-def naive_nce(pos, noise, z, n):
-    """Wu et al. 2018, eqs. 5-7: P = exp(s)/Z, h = P / (P + m/n);
-    L = -log h(pos) - sum_noise log(1 - h(noise)), averaged over the batch."""
-    m = len(noise[0])
-    total = 0.0
-    for i in range(len(pos)):
-        p = math.exp(float(pos[i])) / z
-        term = -math.log(p / (p + m / n))
-        for s in noise[i]:
-            q = math.exp(float(s)) / z
-            term -= math.log(1 - q / (q + m / n))
-        total += term
-    return total / len(pos)
 
 
 @pytest.mark.parametrize("n", [50, 50000])

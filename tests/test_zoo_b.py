@@ -23,6 +23,7 @@ from kontrast.losses.swav import sinkhorn, swapped_prediction
 from kontrast.losses.symmetric import symmetric_info_nce
 from kontrast.methods.base import Progress
 from kontrast.methods.build import create_method, resolve, view_specs
+from support.reference import naive_sinkhorn, naive_swapped_prediction
 
 TINY = {"encoder": {"name": "resnet18", "width": 0.125}}
 
@@ -30,28 +31,10 @@ TINY = {"encoder": {"name": "resnet18", "width": 0.125}}
 # --------------------------------------------------------------------------- SwAV: Sinkhorn and loss
 
 
-def _sinkhorn_reference(scores, epsilon, iterations):
-    """Caron et al. 2020, Algorithm 1 (``distributed_sinkhorn``), float64, Q as [K, B] with explicit loops."""
-    s = scores.double()
-    b, k = s.shape
-    q = [[math.exp(s[i, j].item() / epsilon) for i in range(b)] for j in range(k)]  # [K][B]
-    total = sum(map(sum, q))
-    q = [[v / total for v in row] for row in q]
-    for _ in range(iterations):
-        for j in range(k):  # each prototype gets 1/K of the mass
-            r = sum(q[j])
-            q[j] = [v / r / k for v in q[j]]
-        for i in range(b):  # each sample gets 1/B of the mass
-            c = sum(q[j][i] for j in range(k))
-            for j in range(k):
-                q[j][i] = q[j][i] / c / b
-    return torch.tensor([[q[j][i] * b for j in range(k)] for i in range(b)], dtype=torch.float64)  # [B, K]
-
-
 def test_sinkhorn_matches_the_papers_algorithm_in_float64():
     scores = F.normalize(torch.randn(6, 4, generator=torch.Generator().manual_seed(0)), dim=1).double()  # cosines
     for iterations in (1, 3, 10):
-        torch.testing.assert_close(sinkhorn(scores, 0.05, iterations), _sinkhorn_reference(scores, 0.05, iterations),
+        torch.testing.assert_close(sinkhorn(scores, 0.05, iterations), naive_sinkhorn(scores, 0.05, iterations),
                                    atol=1e-10, rtol=1e-9)
 
 
@@ -88,27 +71,10 @@ def test_sinkhorn_small_epsilon_stays_finite_in_float32():
     for iterations in (1, 3):
         q = sinkhorn(scores, 0.01, iterations)
         assert q.dtype == torch.float32 and torch.isfinite(q).all()
-        torch.testing.assert_close(q.double(), _sinkhorn_reference(scores.double(), 0.01, iterations), atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(q.double(), naive_sinkhorn(scores.double(), 0.01, iterations), atol=1e-6, rtol=1e-5)
         torch.testing.assert_close(q.sum(dim=1), torch.ones(6), atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="at least one iteration"):
         sinkhorn(scores, 0.05, 0)
-
-
-def _swapped_reference(scores, codes, temperature):
-    """Eq. 1-2 of the paper in float64 with loops: l(z_t, q_s) = -sum_k q_s^k log p_t^k, averaged."""
-    v_views, b, k = scores.shape
-    a_views = codes.shape[0]
-    total, pairs = 0.0, 0
-    for a in range(a_views):
-        for v in range(v_views):
-            if v == a:
-                continue
-            for i in range(b):
-                logits = [scores[v, i, j].item() / temperature for j in range(k)]
-                log_z = math.log(sum(math.exp(x) for x in logits))
-                total += -sum(codes[a, i, j].item() * (logits[j] - log_z) for j in range(k)) / b
-            pairs += 1
-    return total / pairs
 
 
 def test_swapped_prediction_matches_float64_reference():
@@ -116,7 +82,7 @@ def test_swapped_prediction_matches_float64_reference():
     scores = F.normalize(torch.randn(5, 4, 6, generator=g, dtype=torch.float64), dim=2)  # [V, B, K]
     codes = torch.softmax(torch.randn(2, 4, 6, generator=g, dtype=torch.float64), dim=2)  # [A, B, K]
     got = swapped_prediction(scores, codes, 0.1)
-    assert abs(got.item() - _swapped_reference(scores, codes, 0.1)) < 1e-5  # float32 inside, as in training
+    assert abs(got.item() - naive_swapped_prediction(scores, codes, 0.1)) < 1e-5  # float32 inside, as in training
 
 
 def _swav(**params):

@@ -1,0 +1,244 @@
+"""Reference formulas written from the papers, the naive way (loops, float64): every loss test compares with these.
+
+One definition each, so a formula is read and checked once. Each docstring names the equation it transcribes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kontrast.losses.redundancy import BN_EPS
+
+
+def cosine64(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """cos(a, b) of two vectors in float64 (0-d tensor)."""
+    a, b = a.double(), b.double()
+    return (a @ b) / (a.norm() * b.norm())
+
+
+def unit64(z: torch.Tensor) -> torch.Tensor:
+    """Rows scaled to unit length in float64; an all-zero row stays zero (F.normalize's convention)."""
+    z = z.detach().double()
+    return z / z.norm(dim=1, keepdim=True).clamp_min(1e-12)
+
+
+def cross_entropy64(scores, positive: int, exclude: int | None = None) -> float:
+    """-log(exp(s_pos) / sum_j exp(s_j)) for one row of scores, float64, max-shifted (stable at tiny tau)."""
+    s = [float(v) for v in scores]
+    m = max(v for j, v in enumerate(s) if j != exclude)
+    den = sum(math.exp(v - m) for j, v in enumerate(s) if j != exclude)
+    return -(s[positive] - m - math.log(den))
+
+
+def naive_nt_xent(z1, z2, tau) -> float:
+    """SimCLR eq. 1 (Chen et al. 2020): l(i, j) = -log exp(s_ij / t) / sum_{k != i} exp(s_ik / t), s = cosine,
+    the positive of view i the other view of its image, averaged over all 2N anchors."""
+    z = unit64(torch.cat([z1, z2]))
+    b = z1.shape[0]
+    s = z @ z.T / tau
+    return sum(cross_entropy64(s[i], (i + b) % (2 * b), exclude=i) for i in range(2 * b)) / (2 * b)
+
+
+def naive_moco(q, k, queue, tau) -> float:
+    """MoCo eq. 1 (He et al. 2020): -log exp(q.k+ / t) / (exp(q.k+ / t) + sum_queue exp(q.k- / t)), normalised
+    q, k and queue; column 0 is the own key."""
+    qn, kn, keys = unit64(q), unit64(k), unit64(queue)
+    return sum(cross_entropy64(torch.cat([(qn[i] @ kn[i])[None], keys @ qn[i]]) / tau, 0)
+               for i in range(len(q))) / len(q)
+
+
+def naive_info_nce(a, c, positives, tau, exclude=None):
+    """float64 loop over rows, from van den Oord et al. 2018 eq. 4 with cosine / tau scores."""
+    total = 0.0
+    for i in range(a.shape[0]):
+        ai = a[i] / a[i].norm()
+        s = [float(ai @ (c[j] / c[j].norm())) / tau for j in range(c.shape[0])]
+        denom = sum(math.exp(v) for j, v in enumerate(s) if exclude is None or j != int(exclude[i]))
+        total += -(s[int(positives[i])] - math.log(denom))
+    return total / a.shape[0]
+
+
+def naive_nce(pos, noise, z, n):
+    """Wu et al. 2018, eqs. 5-7: P = exp(s)/Z, h = P / (P + m/n);
+    L = -log h(pos) - sum_noise log(1 - h(noise)), averaged over the batch."""
+    m = len(noise[0])
+    total = 0.0
+    for i in range(len(pos)):
+        p = math.exp(float(pos[i])) / z
+        term = -math.log(p / (p + m / n))
+        for s in noise[i]:
+            q = math.exp(float(s)) / z
+            term -= math.log(1 - q / (q + m / n))
+        total += term
+    return total / len(pos)
+
+
+def naive_spectral(z1, z2, mu):
+    """HaoChen et al. 2021, eq. for L(f) on a batch: -2 mean_i f(x_i).f(x_i+) + mean_{i != j} (f(x_i).f(x_j+))^2,
+    after the recipe's norm clip to sqrt(mu), divided by mu."""
+    def clip(v):
+        n = math.sqrt(sum(float(x) ** 2 for x in v))
+        return [float(x) * (math.sqrt(mu) / n if n >= math.sqrt(mu) else 1.0) for x in v]
+
+    u, v = [clip(r) for r in z1], [clip(r) for r in z2]
+    b = len(u)
+    dot = lambda x, y: sum(p * q for p, q in zip(x, y))  # noqa: E731
+    pos = sum(dot(u[i], v[i]) for i in range(b)) / b
+    neg = sum(dot(u[i], v[j]) ** 2 for i in range(b) for j in range(b) if i != j) / (b * (b - 1))
+    return (-2 * pos + neg) / mu
+
+
+def naive_dcl(z1, z2, tau, sigma=None):
+    """Eq. 6 loop by loop: for view k of image i, -w_i cos(z_i^1, z_i^2)/tau + log sum over the 2(B-1) views of
+    the other images of exp(cos/tau); mean over the 2B anchors. DCLW: w_i = 2 - exp(cos_ii'/sigma) / mean_j
+    exp(cos_jj'/sigma), a constant weight (computed from plain floats, so no gradient flows through it)."""
+    b = z1.shape[0]
+    z = torch.cat([z1, z2])
+    pos_cos = [float(cosine64(z1[j], z2[j]).detach()) for j in range(b)]
+    mean_exp = sum(math.exp(c / sigma) for c in pos_cos) / b if sigma else None
+    total = 0
+    for i in range(2 * b):
+        image, other = i % b, (i + b) % (2 * b)
+        w = 2 - math.exp(pos_cos[image] / sigma) / mean_exp if sigma else 1.0
+        negatives = sum(torch.exp(cosine64(z[i], z[k]) / tau) for k in range(2 * b) if k not in (i, other))
+        total = total - w * cosine64(z[i], z[other]) / tau + torch.log(negatives)
+    return total / (2 * b)
+
+
+def naive_dino(student, teacher, centre, tau_s, tau_t):
+    """Eq. 3 with the authors' averaging, loop by loop in float64: for each global view a the teacher saw and each
+    other view v, the batch mean of H(P_t, P_s) = -sum_k P_t,k log P_s,k with P_t = softmax((t - c) / tau_t) (no
+    gradient) and P_s = softmax(s / tau_s); then the mean over those pairs."""
+    n_views, batch, k = student.shape
+    total, pairs = 0.0, 0
+    for a in range(teacher.shape[0]):
+        for v in range(n_views):
+            if v == a:
+                continue
+            pair = 0.0
+            for b in range(batch):
+                t = [(float(teacher[a, b, j].detach()) - float(centre[j])) / tau_t for j in range(k)]  # plain floats: no grad
+                z_t = sum(math.exp(x) for x in t)
+                log_z_s = torch.log(sum(torch.exp(student[v, b, j] / tau_s) for j in range(k)))
+                pair = pair - sum(math.exp(t[j]) / z_t * (student[v, b, j] / tau_s - log_z_s) for j in range(k))
+            total, pairs = total + pair / batch, pairs + 1
+    return total / pairs
+
+
+def naive_vicreg(z1, z2, lam, mu, nu, eps=1e-4):
+    """Bardes et al. 2022, eq. 1-6 / Algorithm 1, term by term with loops: (total, s, v(z1) + v(z2), c(z1) + c(z2))."""
+    n, d = z1.shape
+    s = sum((z1[b, i] - z2[b, i]) ** 2 for b in range(n) for i in range(d)) / (n * d)  # MSE
+    v, c = 0.0, 0.0
+    for z in (z1, z2):
+        means = [sum(z[b, i] for b in range(n)) / n for i in range(d)]
+        for i in range(d):
+            var = sum((z[b, i] - means[i]) ** 2 for b in range(n)) / (n - 1)
+            v = v + torch.clamp(1 - torch.sqrt(var + eps), min=0) / d  # hinge at gamma = 1, mean over dims
+        for i in range(d):
+            for j in range(d):
+                if i != j:
+                    cov = sum((z[b, i] - means[i]) * (z[b, j] - means[j]) for b in range(n)) / (n - 1)
+                    c = c + cov ** 2 / d
+    return lam * s + mu * v + nu * c, s, v, c
+
+
+def naive_barlow_twins(z1, z2, lambd):
+    """Zbontar et al. 2021, eq. 1-2: C_ij = sum_b zn1_bi zn2_bj / N over batch-standardised z (BN: biased
+    variance, eps 1e-5); (sum_i (1 - C_ii)^2 + lambd * sum_{i != j} C_ij^2, the two sums). Loops over dimensions
+    and samples."""
+    n, d = z1.shape
+
+    def standardized(z):
+        cols = []
+        for i in range(d):
+            col = [z[b, i] for b in range(n)]
+            mean = sum(col) / n
+            var = sum((x - mean) ** 2 for x in col) / n
+            cols.append([(x - mean) / torch.sqrt(var + BN_EPS) for x in col])
+        return cols  # cols[i][b]
+
+    a, b = standardized(z1), standardized(z2)
+    on_diag, off_diag = 0.0, 0.0
+    for i in range(d):
+        for j in range(d):
+            c_ij = sum(a[i][k] * b[j][k] for k in range(n)) / n
+            if i == j:
+                on_diag = on_diag + (1 - c_ij) ** 2
+            else:
+                off_diag = off_diag + c_ij ** 2
+    return on_diag + lambd * off_diag, on_diag, off_diag
+
+
+def naive_shared_negatives(scores, pos, neg):
+    """One InfoNCE term per positive pair: -log e^{s_ij} / (e^{s_ij} + sum_{m in neg(i)} e^{s_im})."""
+    terms = []
+    for i in range(scores.shape[0]):
+        negs = sum(math.exp(float(scores[i, m])) for m in range(scores.shape[1]) if neg[i, m])
+        for j in range(scores.shape[1]):
+            if pos[i, j]:
+                e = math.exp(float(scores[i, j]))
+                terms.append(-math.log(e / (e + negs)))
+    return sum(terms) / len(terms)
+
+
+def naive_swapped_prediction(scores, codes, temperature):
+    """Eq. 1-2 of the paper in float64 with loops: l(z_t, q_s) = -sum_k q_s^k log p_t^k, averaged."""
+    v_views, b, k = scores.shape
+    a_views = codes.shape[0]
+    total, pairs = 0.0, 0
+    for a in range(a_views):
+        for v in range(v_views):
+            if v == a:
+                continue
+            for i in range(b):
+                logits = [scores[v, i, j].item() / temperature for j in range(k)]
+                log_z = math.log(sum(math.exp(x) for x in logits))
+                total += -sum(codes[a, i, j].item() * (logits[j] - log_z) for j in range(k)) / b
+            pairs += 1
+    return total / pairs
+
+
+def naive_sinkhorn(scores, epsilon, iterations):
+    """Caron et al. 2020, Algorithm 1 (``distributed_sinkhorn``), float64, Q as [K, B] with explicit loops."""
+    s = scores.double()
+    b, k = s.shape
+    q = [[math.exp(s[i, j].item() / epsilon) for i in range(b)] for j in range(k)]  # [K][B]
+    total = sum(map(sum, q))
+    q = [[v / total for v in row] for row in q]
+    for _ in range(iterations):
+        for j in range(k):  # each prototype gets 1/K of the mass
+            r = sum(q[j])
+            q[j] = [v / r / k for v in q[j]]
+        for i in range(b):  # each sample gets 1/B of the mass
+            c = sum(q[j][i] for j in range(k))
+            for j in range(k):
+                q[j][i] = q[j][i] / c / b
+    return torch.tensor([[q[j][i] * b for j in range(k)] for i in range(b)], dtype=torch.float64)  # [B, K]
+
+
+def naive_knn(train, train_labels, test, k, temperature, num_classes):
+    """Wu et al. 2018, sec. 3.4, one test sample at a time in float64 Python."""
+    train = [row / row.norm() for row in train.double()]
+    preds = []
+    for q in test.double():
+        q = q / q.norm()
+        sims = sorted(((float(q @ t), i) for i, t in enumerate(train)), reverse=True)[:k]
+        votes = [0.0] * num_classes
+        for sim, i in sims:
+            votes[int(train_labels[i])] += math.exp(sim / temperature)
+        preds.append(max(range(num_classes), key=votes.__getitem__))
+    return torch.tensor(preds)
+
+
+def naive_nmi(a: list[int], b: list[int]) -> float:
+    """Strehl & Ghosh's NMI, arithmetic-mean normalisation, from the sums over samples."""
+    n = len(a)
+    pa = {x: a.count(x) / n for x in set(a)}
+    pb = {y: b.count(y) / n for y in set(b)}
+    pab = {(x, y): sum(1 for i in range(n) if a[i] == x and b[i] == y) / n for x in pa for y in pb}
+    mi = sum(p * math.log(p / (pa[x] * pb[y])) for (x, y), p in pab.items() if p > 0)
+    h = lambda q: -sum(p * math.log(p) for p in q.values())  # noqa: E731
+    return mi / ((h(pa) + h(pb)) / 2)
