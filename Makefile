@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-stamp
 # torch/torchvision are pinned here (not in pyproject) to the build this project is tested with.
 TORCH := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: demo test bench clean
+.PHONY: demo check test gpu clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -16,8 +16,17 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/kontrast demo
 
+# the edit loop: unit tests of every room, slow ones left out (a few minutes on 2 cores)
+check: $(STAMP)
+	$(PY) -m pytest -q tests/unit -m "not slow"
+
+# everything, what CI runs: unit, integration (the configuration space included) and learning tests
 test: $(STAMP)
 	$(PY) -m pytest
+
+# on a machine with a CUDA GPU: the configuration space on the GPU and one timed SimCLR epoch
+gpu: $(STAMP)
+	bash benchmarks/gpu.sh
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -1,13 +1,47 @@
 #!/usr/bin/env bash
-# The prepared GPU check (issue 7): augmentation, per-step breakdown, loss and end-to-end training on
-# `cuda`, as one short script (about 3 minutes on an H100-class GPU), with the targets judged by
-# benchmarks/vs_peer.py. The peer script is CPU-only, so the GPU figures are ours alone (--peer-python ""
-# skips it); the CPU peer comparison is run.sh. OUT: folder for bench-gpu.json (default benchmarks/results);
-# BENCH_DATA: the training source (default ../shared/data/cifar10-jpeg.tar.gz beside the repo, else shapes).
+# On a machine with a CUDA GPU: (1) the configuration-space test on the GPU (nccl for its two-process cells when
+# two GPUs are present), (2) one timed SimCLR epoch at the published fast setting (ResNet-18, batch 512, CIFAR-10,
+# bf16; dkobak/simclr-cifar10 reports 11.9 s/epoch on an A100). Prints what it measured and the commands.
+#
+#   bash benchmarks/gpu.sh                 # from the repo root, after `make` set up .venv
+#   CIFAR=/path/cifar10-jpeg.tar.gz EPOCHS=2 bash benchmarks/gpu.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-mkdir -p "${OUT:-benchmarks/results}"
-.venv/bin/python benchmarks/vs_peer.py --device cuda --threads "$(nproc)" --methods simclr,moco_v2,byol --steps 50 \
-  --batch 512 --width 1 --loss-batches 512,2048,8192 --peer-python "" --json > "${OUT:-benchmarks/results}/bench-gpu.json"
-# issue 14: world size 1 under torchrun (nccl) against a plain process on the same GPU
-OUT="${OUT:-benchmarks/results}" bash benchmarks/world_size_one.sh | tee "${OUT:-benchmarks/results}/world-size-one.json"
+PY="${PY:-.venv/bin/python}"
+CIFAR="${CIFAR:-../shared/data/cifar10-jpeg.tar.gz}"
+EPOCHS="${EPOCHS:-2}"
+OUT="${OUT:-runs/gpu}"
+
+gpus=$("$PY" -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)")
+if [ "$gpus" = "0" ]; then
+  echo "no CUDA device here (torch.cuda.is_available() is False): benchmarks/gpu.sh measures nothing on this machine"
+  exit 0
+fi
+"$PY" -c "import torch; print('device:', torch.cuda.get_device_name(0), '| GPUs:', torch.cuda.device_count(), '| torch', torch.__version__)"
+
+echo "== configuration space on cuda (pytest tests/integration/test_config_space.py, KONTRAST_TEST_DEVICE=cuda)"
+KONTRAST_TEST_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider tests/integration/test_config_space.py \
+  --durations=5 2>&1 | tail -n 12
+
+echo "== SimCLR, ResNet-18 (CIFAR stem, width 1), batch 512, bf16, CIFAR-10, $EPOCHS epochs"
+if [ ! -f "$CIFAR" ]; then
+  echo "CIFAR-10 not found at $CIFAR: set CIFAR=path/to/cifar10-jpeg.tar.gz"
+  exit 2
+fi
+rm -rf "$OUT"
+cmd=(.venv/bin/kontrast train --method simclr --data "$CIFAR" --epochs "$EPOCHS" --batch-size 512 --precision bf16
+     --device cuda --out "$OUT" --no-progress --set encoder.width=1.0 --set train.log_every=20)
+echo "${cmd[*]}"
+"${cmd[@]}" > "$OUT.log" 2>&1 || { tail -n 5 "$OUT.log"; exit 1; }
+"$PY" - "$OUT" "$EPOCHS" <<'PYEOF'
+import json, sys
+from pathlib import Path
+run, epochs = Path(sys.argv[1]), int(sys.argv[2])
+summary = json.loads((run / "summary.json").read_text())
+rates = [r["img_per_s"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+         if "img_per_s" in r and r.get("epoch", 0) == epochs - 1]
+per_epoch = 50000 / (sum(rates) / len(rates)) if rates else summary["wall_s"] / epochs
+print(f"SimCLR ResNet-18 bf16 batch 512: {summary['img_per_s']} img/s over {epochs} epochs ({summary['wall_s']} s); "
+      f"last epoch {per_epoch:.1f} s/epoch (dkobak/simclr-cifar10 on an A100: 11.9 s/epoch); final loss "
+      f"{summary['final_loss']}")
+PYEOF

@@ -31,7 +31,7 @@ def cosine(anchors: torch.Tensor, candidates: torch.Tensor, temperature: float =
 
     Computed in float32 even under bf16 autocast (which would otherwise run the matmul in
     bf16): a small tau amplifies rounding (measured at tau 0.01: 2e-3 relative loss error in
-    bf16, 1e-7 in fp32; tests/test_reliability_guards.py).
+    bf16, 1e-7 in fp32; tests/integration/test_reliability_guards.py).
     """
     with float32(anchors):
         a = F.normalize(anchors.float(), dim=1)  # [N, D]

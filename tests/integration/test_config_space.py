@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from kontrast.cli import main
 from kontrast.config import merge, parse_override
@@ -30,6 +31,7 @@ from support.args import small_heads
 from support.cli import in_process
 from support.covering import all_pairs, covering_array, pairs_of
 
+DEVICE = os.environ.get("KONTRAST_TEST_DEVICE", "cpu")  # benchmarks/gpu.sh runs the same cells with cuda
 IMAGE_METHODS = [name for name in METHODS.names() if METHODS.get(name).recipe is not None]
 LARGE = 730  # one past every size switch: NT-Xent's row blocks from 2B x 2BW > 2^20 (B > 512 on 1 process, > 724 on 2)
 ODD = 26  # divides by 2 processes (13 each); not by MoCo's 4 or 8 BN groups, nor by multi-crop's 6 or 8 views
@@ -143,7 +145,7 @@ def train_args(cell: dict, data: Path, run: Path) -> list[str]:
                  f"train.channels_last={str(cell['channels_last']).lower()}", *ENCODERS[cell["encoder"]],
                  *small_heads(cell["method"])]
     args = ["train", "--method", cell["method"], "--data", source, "--epochs", "1", "--batch-size", str(batch),
-            "--out", str(run), "--no-progress"]
+            "--out", str(run), "--no-progress", "--device", DEVICE]
     for item in sets:
         args += ["--set", item]
     return args
@@ -178,7 +180,7 @@ def run_cell(cell: dict, data: Path, few: Path, tmp: Path) -> dict:
     if code != 0:
         return {"stage": "resume", "code": code, "stderr": err}
     feats = tmp / "features.npy"
-    code, err = _cli(["embed", "--checkpoint", str(run), "--out", str(feats), "--no-progress"]
+    code, err = _cli(["embed", "--checkpoint", str(run), "--out", str(feats), "--no-progress", "--device", DEVICE]
                      + (["--split", "train"] if cell["method"] == "cpc" else ["--data", str(few)]), 1)
     if code != 0:
         return {"stage": "embed", "code": code, "stderr": err}
@@ -193,6 +195,8 @@ def expected_refusal(cell: dict) -> str | None:
 
 @pytest.mark.parametrize("cell", CELLS + SEQUENCE_CELLS, ids=cell_id)
 def test_cell_trains_resumes_and_embeds_or_refuses_in_one_line(cell, shapes_folder, embed_folder, tmp_path):
+    if DEVICE != "cpu" and cell["world"] == 2 and torch.cuda.device_count() < 2:
+        pytest.skip("a two-process cell on cuda needs two GPUs (nccl); the CPU run covers it with gloo")
     result = run_cell(cell, shapes_folder, embed_folder, tmp_path)
     refusal = expected_refusal(cell)
     if refusal is not None:

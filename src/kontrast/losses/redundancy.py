@@ -16,7 +16,7 @@ gathered first: a method calls these on ``ranks.gather(z)``, the global batch, a
 the same global loss. Gradient scale: gather's backward sums, over ranks, the gradient each rank's loss
 sends to a slice, so rank r's slice receives W x dL/dz_r; the training loop averages parameter
 gradients over ranks (divides by W), so the parameters get exactly one process's gradient on the global
-batch (tests/test_distributed.py). Code that divides each rank's loss by W on top of this convention, or
+batch (tests/integration/test_distributed.py). Code that divides each rank's loss by W on top of this convention, or
 whose cross-rank reduction carries no gradient back to the other ranks (the authors' Barlow Twins code and
 solo-learn sum the per-rank C with the plain ``all_reduce``; lightly issue 1977), trains with 1/W of the
 gradient. The statistics are computed in float32 even under bf16 autocast (float64 stays float64).

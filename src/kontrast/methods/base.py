@@ -95,7 +95,7 @@ class Method(nn.Module):
     Params: ClassVar[type]
     defaults: ClassVar[Mapping[str, Any]] = {}
     fixed_lr_modules: tuple[str, ...] = ()
-    distributed: ClassVar[bool] = False  # True once the method computes the same on W ranks as on one (tests/test_distributed.py)
+    distributed: ClassVar[bool] = False  # True once the method computes the same on W ranks as on one (tests/integration/test_distributed.py)
     sync_bn: ClassVar[bool] = True  # train.sync_bn applies (False: the method keeps its own BN groups, MoCo's shuffling BN)
     retired_state: ClassVar[tuple[str, ...]] = ()
 

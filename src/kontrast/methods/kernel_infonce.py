@@ -17,7 +17,7 @@ temperatures were tuned by random search and no CIFAR table of them is published
 each kernel on the scale of SimCLR's tau = 0.5 (Gaussian tau2 = 1.0, i.e. cosine 0.5).
 
 With MoCo-style negatives (a queue) the same scores apply: ``info_nce(cat([paired_kernel_scores(q, k),
-kernel_scores(q, queue)], 1), zeros)`` (column 0 = the key; ``tests/test_zoo.py`` checks the Gaussian
+kernel_scores(q, queue)], 1), zeros)`` (column 0 = the key; ``tests/unit/losses/test_kernels_spectral_nce.py`` checks the Gaussian
 case against ``moco_loss``).
 """
 

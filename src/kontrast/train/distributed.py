@@ -105,7 +105,7 @@ class ProcessGroupRanks(Ranks):
         PyTorch's functional collectives (what ``torch.distributed.nn.functional``, now deprecated, points
         to): the backward is a reduce-scatter, so each rank's slice gets the sum of every rank's gradient.
         The input is made contiguous first: a backward through all_gather of a non-contiguous tensor once
-        lost its gradient (pytorch issue 120386); tests/test_distributed.py checks both.
+        lost its gradient (pytorch issue 120386); tests/integration/test_distributed.py checks both.
         """
         return collectives.all_gather_single(x.contiguous(), 0, dist.group.WORLD)
 

@@ -15,7 +15,7 @@ comma-separated list of ``name=value``:
 * ``trace=PATH``: append ``{"step", "epoch", "indices"}`` per step to PATH (JSON lines).
 * ``rank=R``: only the process of rank R (``$RANK`` under torchrun) has the faults; others run normally.
 
-The tests in ``tests/test_reliability*.py`` drive the CLI with these; docs/reliability.md
+The tests in ``tests/integration/test_reliability*.py`` drive the CLI with these; docs/reliability.md
 lists them.
 """
 

@@ -360,4 +360,4 @@ def test_cpc_learns_on_sequences(tmp_path):
 
 def test_sequence_methods_are_registered_with_their_own_tests():
     sequence_methods = [n for n in METHODS.names() if METHODS.get(n).recipe is None]
-    assert sequence_methods == ["cpc"]  # tests/test_methods.py covers the image methods
+    assert sequence_methods == ["cpc"]  # tests/unit/methods/test_methods.py covers the image methods

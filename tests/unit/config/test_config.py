@@ -9,8 +9,9 @@ from kontrast.config import build_config, dump, load_yaml, parse_override, to_di
 from kontrast.errors import UserError
 from kontrast.methods import METHODS
 from kontrast.methods.build import resolve
+from support import ROOT
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = ROOT / "configs"
 
 
 def test_unknown_keys_are_errors():

@@ -6,8 +6,9 @@ import ast
 from pathlib import Path
 
 import pytest
+from support import ROOT
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = ROOT / "src"
 PACKAGE = SRC / "kontrast"
 MAX_LINES = 300
 

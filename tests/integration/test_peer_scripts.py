@@ -19,8 +19,8 @@ from PIL import Image
 from kontrast.augment import ViewSpec, color, recipe_views
 from kontrast.data import load_images
 from kontrast.evaluate.knn import knn_top1 as kontrast_knn_top1
+from support import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("simclr", "moco_v2", "byol", "swav", "simsiam")
 
 

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 import kontrast
+from support import ROOT
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = ROOT / "README.md"
 
 
 def test_every_exported_name_resolves():

@@ -16,8 +16,9 @@ import torch
 
 from kontrast.checkpoint import _state_checksum
 from kontrast.cli import main
+from support import ROOT
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "kontrast"
+SRC = ROOT / "src" / "kontrast"
 
 
 def train_args(out: Path, *extra: str) -> list[str]:

@@ -14,10 +14,11 @@ from kontrast.bench import BenchOptions, run_bench
 from kontrast.bench.augment import torchvision_pipeline
 from kontrast.cli import build_parser, main
 from kontrast.errors import UserError
+from support import ROOT
 
 
 def _load_vs_peer():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "vs_peer.py"
+    path = ROOT / "benchmarks" / "vs_peer.py"
     spec = importlib.util.spec_from_file_location("vs_peer", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules["vs_peer"] = module  # dataclasses look their module up

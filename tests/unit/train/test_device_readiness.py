@@ -1,7 +1,7 @@
 """GPU-readiness, checked on CPU: no host synchronisation, a step's kernel count independent of the batch,
 no graph breaks under ``torch.compile``.
 
-tests/test_augment.py already checks the apply ops on the meta device and the operator count of
+tests/unit/augment/test_augment.py already checks the apply ops on the meta device and the operator count of
 ``make_views`` with a ``torch.Generator``; here: the whole pipeline as training runs it (per-sample
 ``SampleRNG`` draws included) and the losses on the meta device, the operator count of a full
 training step, and dynamo's view of augmentation + loss.

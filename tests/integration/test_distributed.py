@@ -17,9 +17,9 @@ from safetensors.torch import load_file
 
 from kontrast.checkpoint import latest_checkpoint
 from kontrast.methods import METHODS
+from support import ROOT
 
 DISTRIBUTED = [name for name in METHODS.names() if METHODS.get(name).distributed]
-HERE = Path(__file__).resolve().parent
 # small heads where a method's are wide (time); the same on both sides of every comparison
 # BYOL without weight decay: with the recipe's (1e-5, clipped LARS) this toy run is as sensitive to rounding as
 # to the rank count: ONE process at 1 and at 2 threads differs by 5.6e-5 in step 3's loss and 2.7e-4 in weights
@@ -82,7 +82,7 @@ DATA = {"cpc": "sequences:48", "moco_v1": "shapes:96", "moco_v2": "shapes:96"}
 
 
 def _env() -> dict:
-    env = dict(os.environ, PYTHONPATH=str(HERE.parent / "src"), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
     env.pop("WORLD_SIZE", None)
     return env
 
@@ -122,7 +122,7 @@ def test_collectives_gather_and_global_batch_norm():
     """The gather's gradient is the analytic one (summed over ranks), a non-contiguous input keeps its gradient,
     and BN over the ranks' slices equals BN over the global batch."""
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=3",
-                          str(HERE / "distributed/collectives.py")], capture_output=True, text=True, env=_env(),
+                          str(ROOT / "tests/support/collectives.py")], capture_output=True, text=True, env=_env(),
                          timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
 

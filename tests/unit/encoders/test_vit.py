@@ -22,6 +22,7 @@ from kontrast.methods.build import create_method, resolve, view_specs
 from kontrast.outputs.export import backbone_info, export_backbone, load_backbone, write_backbone
 from kontrast.train.loop import fit
 from kontrast.train.optim import create_optimizer
+from support import ROOT
 
 TINY_VIT = {"name": "vit_tiny", "width": 0.125, "depth": 1}  # dim 24, 3 heads of 8: cheap on CPU
 IMAGE_METHODS = [name for name in METHODS.names() if METHODS.get(name).recipe is not None]
@@ -191,7 +192,7 @@ def test_config_keys_are_validated():
 def test_moco_v3_vit_recipe_file_states_the_papers_settings():
     """configs/moco_v3_vit_tiny_cifar.yaml: MoCo v3's ViT recipe (AdamW, 1.5e-4 x batch / 256, wd 0.1, 40 of 300
     epochs warm-up, tau 0.2, frozen patch projection)."""
-    cfg = resolve(load_yaml(Path(__file__).resolve().parents[1] / "configs/moco_v3_vit_tiny_cifar.yaml"))
+    cfg = resolve(load_yaml(ROOT / "configs/moco_v3_vit_tiny_cifar.yaml"))
     assert (cfg.encoder.name, cfg.encoder.freeze_patch_embed, cfg.method.params.temperature) == ("vit_tiny", True, 0.2)
     o = cfg.optim
     assert (o.name, o.lr, o.lr_batch, o.weight_decay, o.warmup_epochs, cfg.train.epochs) == \
@@ -201,7 +202,7 @@ def test_moco_v3_vit_recipe_file_states_the_papers_settings():
 def test_dino_vit_recipe_file_states_the_papers_settings():
     """configs/dino_vit_tiny_cifar.yaml: DINO's ViT recipe (AdamW, 5e-4 x batch / 256, wd 0.04, 10 warm-up epochs,
     tau_t 0.04 -> 0.07 over 30 epochs, teacher momentum 0.996, no BN in the head, multi-crop)."""
-    cfg = resolve(load_yaml(Path(__file__).resolve().parents[1] / "configs/dino_vit_tiny_cifar.yaml"))
+    cfg = resolve(load_yaml(ROOT / "configs/dino_vit_tiny_cifar.yaml"))
     p, o = cfg.method.params, cfg.optim
     assert (cfg.encoder.name, cfg.encoder.patch_size, cfg.augment.recipe) == ("vit_tiny", 4, "dino_multicrop")
     assert (p.warmup_teacher_temp, p.teacher_temp, p.warmup_teacher_temp_epochs, p.base_momentum, p.use_bn_in_head) \

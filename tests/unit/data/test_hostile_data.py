@@ -1,6 +1,6 @@
 """Hostile data: every kind of bad file at once. The pre-scan names exactly the bad files, strict
 mode refuses before step 1, skip mode trains and reports the count, and every tensor that reaches
-the model is finite and 3-channel. (tests/test_data.py covers the ordinary modes and a corrupt
+the model is finite and 3-channel. (tests/unit/data/test_data.py covers the ordinary modes and a corrupt
 PNG / short JPEG; this adds the hostile rest.)"""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Run under torchrun (tests/test_distributed.py): the collectives kontrast's methods use, against analytic answers.
+"""Run under torchrun (tests/integration/test_distributed.py): the collectives kontrast's methods use, against analytic answers.
 
 Each rank checks its own results and exits non-zero with the failed check on stderr.
 """
