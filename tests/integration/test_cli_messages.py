@@ -11,8 +11,8 @@ from PIL import Image
 
 from kontrast.cli import main
 from kontrast.cli_args import build_parser
+from support.args import TINY
 
-TINY = ["--set", "encoder.width=0.125", "--set", "data.size=16", "--no-progress"]
 
 
 def _one_line_error(capsys, *fragments):

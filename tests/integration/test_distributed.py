@@ -125,6 +125,11 @@ def test_collectives_gather_and_global_batch_norm():
                           str(ROOT / "tests/support/collectives.py")], capture_output=True, text=True, env=_env(),
                          timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
+    reports = [json.loads(line) for line in run.stdout.splitlines() if line.startswith('{"rank"')]
+    assert sorted(r["rank"] for r in reports) == [0, 1, 2]  # every rank ran every check below and printed it
+    for report in reports:
+        assert len(report["passed"]) == 14 and "gather gradient" in " ".join(report["passed"]), report
+        assert sum("running stats" in what for what in report["passed"]) == 2, report  # BatchNorm2d and 1d
 
 
 @pytest.mark.parametrize("name", DISTRIBUTED)

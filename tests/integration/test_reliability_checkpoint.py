@@ -17,14 +17,13 @@ import torch
 from kontrast.checkpoint import _state_checksum
 from kontrast.cli import main
 from support import ROOT
+from support.args import train_command
 
 SRC = ROOT / "src" / "kontrast"
 
 
 def train_args(out: Path, *extra: str) -> list[str]:
-    return ["train", "--method", "simclr", "--data", "shapes:32", "--epochs", "2", "--batch-size", "16",
-            "--out", str(out), "--no-progress", "--set", "encoder.width=0.125", "--set", "data.size=16",
-            "--set", "train.num_threads=1", "--set", "train.device=cpu", *extra]
+    return train_command(out, *extra, method="simclr")
 
 
 def cli(args: list[str], capsys) -> tuple[int, str]:

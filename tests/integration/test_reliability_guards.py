@@ -23,12 +23,11 @@ from kontrast.errors import UserError
 from kontrast.losses.infonce import info_nce, moco_loss, nt_xent
 from kontrast.train.guards import NonFiniteGuard
 from support.reference import cross_entropy64, naive_moco, naive_nt_xent
+from support.args import train_command
 
 
 def train_args(out: Path, *extra: str, method: str = "simclr") -> list[str]:
-    return ["train", "--method", method, "--data", "shapes:32", "--epochs", "2", "--batch-size", "16",
-            "--out", str(out), "--no-progress", "--set", "encoder.width=0.125", "--set", "data.size=16",
-            "--set", "train.num_threads=1", "--set", "train.device=cpu", *extra]
+    return train_command(out, *extra, method=method)
 
 
 def cli(args: list[str], capsys, monkeypatch, faults: str = "") -> tuple[int, str]:

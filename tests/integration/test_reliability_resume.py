@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from support.cli import in_process
+from support.args import train_command
 
 N, BATCH, EPOCHS = 48, 16, 2  # 3 steps per epoch, 6 in all
 STEPS_PER_EPOCH = N // BATCH
@@ -32,10 +33,8 @@ SETTINGS = {
 
 
 def train_args(method: str, out: Path) -> list[str]:
-    return ["train", "--method", method, "--data", f"shapes:{N}", "--epochs", str(EPOCHS), "--batch-size", str(BATCH),
-            "--out", str(out), "--no-progress", "--set", "encoder.width=0.125", "--set", "data.size=16",
-            "--set", "train.log_every=1", "--set", "train.checkpoint_every=2", "--set", "train.num_threads=1",
-            "--set", "train.device=cpu", *SETTINGS[method]]
+    return train_command(out, *SETTINGS[method], method=method, data=f"shapes:{N}", epochs=EPOCHS, batch=BATCH,
+                         settings=["train.log_every=1", "train.checkpoint_every=2"])
 
 
 def run_cli(args: list[str], faults: str = "") -> subprocess.CompletedProcess:

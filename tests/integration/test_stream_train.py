@@ -25,15 +25,15 @@ from support.cli import in_process
 from kontrast.data import batch_indices, write_folder_shards, write_shapes_files
 from kontrast.data.stream_source import open_stream
 from kontrast.methods import METHODS
+from support.args import train_command
 
 N, BATCH, EPOCHS = 48, 16, 2
 STEPS = EPOCHS * N // BATCH
 
 
 def train_args(data: Path | str, out: Path, *extra: str) -> list[str]:
-    return ["train", "--data", str(data), "--epochs", str(EPOCHS), "--batch-size", str(BATCH), "--out", str(out),
-            "--no-progress", "--set", "encoder.width=0.125", "--set", "data.size=16", "--set", "train.log_every=1",
-            "--set", "train.num_threads=1", "--set", "train.device=cpu", "--set", "data.mode=stream", *extra]
+    return train_command(out, *extra, data=data, epochs=EPOCHS, batch=BATCH,
+                         settings=["train.log_every=1", "data.mode=stream"])
 
 
 def final_state(run: Path) -> dict[str, torch.Tensor]:

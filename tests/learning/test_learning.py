@@ -13,8 +13,9 @@ from kontrast.methods import METHODS
 from kontrast.methods.build import resolve
 from kontrast.train.loop import fit
 from support import ROOT
+from support.args import TINY_ENCODER
 
-TINY = {"encoder": {"name": "resnet18", "width": 0.125}}
+TINY = {"encoder": TINY_ENCODER}
 IMAGE_METHODS = [name for name in METHODS.names() if METHODS.get(name).recipe is not None]
 
 
@@ -61,11 +62,10 @@ def test_learning_on_a_vit(tmp_path, shared_cifar_tar):
     _learns("moco_v3", VIT_BUDGET, tmp_path, shared_cifar_tar)
 
 
-def _learns(name: str, budget: dict, tmp_path: Path, tar: Path) -> None:
-    """Train ``name`` with a short_budget.yaml-style entry on 4000 CIFAR-10 images; assert it learned."""
-    # the entry's test-only budget
+def run_learning(name: str, budget: dict, tmp_path: Path, tar: Path, seed: int = 0) -> dict:
+    """Train ``name`` with a short_budget.yaml-style entry on CIFAR-10; the figures the learning check reads."""
     test = {"epochs": 4, "limit": 4000, "loss_from_epoch": 0, "loss_window": 3, "precision": "auto",
-            **budget.get("test", {})}
+            **budget.get("test", {})}  # the entry's test-only budget
     raw = {
         "method": {"name": name, **budget.get("method", {})},
         "encoder": {**TINY["encoder"], **budget.get("encoder", {})},
@@ -73,13 +73,21 @@ def _learns(name: str, budget: dict, tmp_path: Path, tar: Path) -> None:
         "augment": budget.get("augment", {}),
         "data": {"source": str(tar), "limit": test["limit"]},
         "train": {"epochs": test["epochs"], "batch_size": 128, "log_every": 5, "knn_every": test["epochs"],
-                  "precision": test["precision"], "knn_max_train": 4000, "knn_max_test": 2000},
+                  "precision": test["precision"], "knn_max_train": 4000, "knn_max_test": 2000, "seed": seed},
     }
     fit(resolve(raw), tmp_path / "run", progress=False)
     lines = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
     losses = [line["loss"] for line in lines if "loss" in line and line["epoch"] >= test["loss_from_epoch"]]
     knn = [line["knn_top1"] for line in lines if "knn_top1" in line]
     w = test["loss_window"]
-    assert sum(losses[-w:]) / w < sum(losses[:w]) / w, losses
-    print(name, "kNN untrained -> trained:", knn)
-    assert knn[-1] > 2 * 0.1 and knn[-1] > knn[0] + 0.01, knn  # twice chance, and above the untrained encoder
+    first, last = sum(losses[:w]) / w, sum(losses[-w:]) / w
+    learned = last < first and knn[-1] > 2 * 0.1 and knn[-1] > knn[0] + 0.01
+    return {"loss_first": first, "loss_last": last, "knn_untrained": knn[0], "knn_trained": knn[-1], "passes": learned}
+
+
+def _learns(name: str, budget: dict, tmp_path: Path, tar: Path) -> None:
+    """Train ``name`` with its entry; assert it learned (loss falls, kNN beats twice chance and the untrained)."""
+    r = run_learning(name, budget, tmp_path, tar)
+    print(name, "kNN untrained -> trained:", r["knn_untrained"], r["knn_trained"])
+    assert r["loss_last"] < r["loss_first"], r
+    assert r["knn_trained"] > 2 * 0.1 and r["knn_trained"] > r["knn_untrained"] + 0.01, r  # twice chance, above untrained

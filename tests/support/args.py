@@ -7,8 +7,10 @@ heads, predictors, prototypes and queues of each method cut to sizes that change
 
 from __future__ import annotations
 
+TINY_ENCODER = {"name": "resnet18", "width": 0.125}  # as a config section, for resolve()
 TINY_SETTINGS = ["encoder.width=0.125", "data.size=16"]
 TINY = [arg for item in TINY_SETTINGS for arg in ("--set", item)] + ["--no-progress"]
+ONE_CPU_THREAD = ["train.num_threads=1", "train.device=cpu"]  # runs whose numbers a test compares bit for bit
 
 HEADS: dict[str, list[str]] = {
     "barlow_twins": ["method.proj_hidden=128", "method.proj_dim=128"],
@@ -33,3 +35,12 @@ def small_heads(method: str) -> list[str]:
 def sets(items: list[str]) -> list[str]:
     """``["a=1", "b=2"]`` -> ``["--set", "a=1", "--set", "b=2"]``."""
     return [arg for item in items for arg in ("--set", item)]
+
+
+def train_command(out, *extra: str, method: str | None = None, data: str = "shapes:32", epochs: int = 2,
+                  batch: int = 16, settings: list[str] = ()) -> list[str]:
+    """``kontrast train`` at the tiny settings on one CPU thread (2 epochs of 2 steps by default), then ``settings``
+    (``--set`` items) and the ``extra`` arguments as given."""
+    args = ["train", *(["--method", method] if method else []), "--data", str(data), "--epochs", str(epochs),
+            "--batch-size", str(batch), "--out", str(out), "--no-progress"]
+    return args + sets([*TINY_SETTINGS, *ONE_CPU_THREAD, *settings]) + list(extra)

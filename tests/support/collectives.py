@@ -3,6 +3,7 @@
 Each rank checks its own results and exits non-zero with the failed check on stderr.
 """
 
+import json
 import sys
 
 import torch
@@ -12,10 +13,14 @@ import torch.nn as nn
 from kontrast.train.distributed import GlobalBatchNorm, ProcessGroupRanks, average_gradients, global_batch_norm
 
 
+PASSED: list[str] = []  # what this rank checked, printed at the end for the test to compare with its list
+
+
 def check(ok: bool, what: str) -> None:
     if not ok:
         print(f"rank {dist.get_rank()}: {what}", file=sys.stderr)
         sys.exit(1)
+    PASSED.append(what)
 
 
 def main() -> None:
@@ -65,6 +70,7 @@ def main() -> None:
               and torch.allclose(syncd.bias.grad * w, reference.bias.grad, atol=1e-4), f"{bn.__name__} weight, bias gradient")
         check(torch.allclose(syncd.running_var, reference.running_var, atol=1e-6)
               and torch.allclose(syncd.running_mean, reference.running_mean, atol=1e-6), f"{bn.__name__} running stats")
+    print(json.dumps({"rank": dist.get_rank(), "passed": PASSED}), flush=True)
     dist.destroy_process_group()
 
 

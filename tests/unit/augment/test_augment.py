@@ -272,8 +272,12 @@ def test_eval_view():
 
 
 def test_jitter_params_is_a_tuple_of_tensors():
-    p = sample_color_jitter(3, 0.4, 0.4, 0.4, 0.1, 0.8, gen(0))
-    assert isinstance(p, ColorJitterParams) and p.factors.shape == (3, 4) and p.order.dtype == torch.int64
+    p = sample_color_jitter(64, 0.4, 0.4, 0.4, 0.1, 0.8, gen(0))
+    assert isinstance(p, ColorJitterParams) and p.factors.shape == (64, 4) and p.order.dtype == torch.int64
+    assert ((p.factors[:, :3] >= 0.6) & (p.factors[:, :3] <= 1.4)).all()  # brightness, contrast, saturation: 1 +- 0.4
+    assert (p.factors[:, 3].abs() <= 0.1).all()  # hue: +- 0.1
+    assert (p.order.sort(dim=1).values == torch.arange(4)).all()  # each row a permutation of the four ops
+    assert len({tuple(r) for r in p.order.tolist()}) > 1  # drawn per sample
 
 
 # ----------------------------------------------------------------------------- no per-sample loop

@@ -9,8 +9,9 @@ from kontrast.methods.base import Progress
 from kontrast.methods.build import create_method, resolve, view_specs
 from kontrast.augment import make_views
 from kontrast.data import Samples
+from support.args import TINY_ENCODER
 
-TINY = {"encoder": {"name": "resnet18", "width": 0.125}}
+TINY = {"encoder": TINY_ENCODER}
 # Methods on images; sequence methods (recipe None: CPC v1) have their own tests in test_local_methods.py.
 IMAGE_METHODS = [name for name in METHODS.names() if METHODS.get(name).recipe is not None]
 

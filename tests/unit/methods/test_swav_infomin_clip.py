@@ -24,8 +24,9 @@ from kontrast.losses.symmetric import symmetric_info_nce
 from kontrast.methods.base import Progress
 from kontrast.methods.build import create_method, resolve, view_specs
 from support.reference import naive_sinkhorn, naive_swapped_prediction
+from support.args import TINY_ENCODER
 
-TINY = {"encoder": {"name": "resnet18", "width": 0.125}}
+TINY = {"encoder": TINY_ENCODER}
 
 
 # --------------------------------------------------------------------------- SwAV: Sinkhorn and loss

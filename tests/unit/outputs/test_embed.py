@@ -13,8 +13,8 @@ from kontrast.evaluate.features import extract_features
 from kontrast.evaluate.run import load_run
 from kontrast.methods.build import view_specs
 from kontrast.outputs.embed import embed
+from support.args import TINY
 
-TINY = ["--set", "encoder.width=0.125", "--set", "data.size=16", "--no-progress"]
 
 
 def _folder(root, classes=("cat", "dog"), per_class=12):
