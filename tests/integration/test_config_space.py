@@ -11,12 +11,8 @@ cell (``test_every_pair_of_values_is_in_a_cell``); tiny widths and small heads k
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
-import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +24,7 @@ from kontrast.config import merge, parse_override
 from kontrast.methods import METHODS
 from kontrast.methods.build import create_method, resolve, smallest_size
 from support.args import small_heads
-from support.cli import in_process
+from support.cli import cli_run
 from support.covering import all_pairs, covering_array, pairs_of
 
 DEVICE = os.environ.get("KONTRAST_TEST_DEVICE", "cpu")  # benchmarks/gpu.sh runs the same cells with cuda
@@ -153,21 +149,9 @@ def train_args(cell: dict, data: Path, run: Path) -> list[str]:
 
 def _cli(args: list[str], world: int, faults: str = "") -> tuple[int, str]:
     """The CLI in this process, as a user's command runs (``--nproc 2`` forks its two workers from it): the exit
-    code and everything written to stderr, by this process or the workers (file descriptor 2)."""
-    extra = ["--nproc", "2"] if world == 2 and args[0] == "train" else []
-    with tempfile.TemporaryFile("w+") as log, contextlib.redirect_stdout(io.StringIO()):
-        saved, before = os.dup(2), sys.stderr
-        os.dup2(log.fileno(), 2)
-        sys.stderr = open(2, "w", closefd=False)
-        try:
-            code = in_process([*args, *extra], faults)
-        finally:
-            sys.stderr.flush()
-            sys.stderr = before
-            os.dup2(saved, 2)
-            os.close(saved)
-        log.seek(0)
-        return code, log.read()
+    code and everything written to stderr, by this process or the workers."""
+    run = cli_run([*args, *(["--nproc", "2"] if world == 2 and args[0] == "train" else [])], faults)
+    return run.returncode, run.stderr
 
 
 def run_cell(cell: dict, data: Path, few: Path, tmp: Path) -> dict:
