@@ -1,9 +1,15 @@
-"""Shared test fixtures."""
+"""Shared test fixtures, and one thread per process when the suite runs on several (``pytest -n 2``)."""
 
 import os
 from pathlib import Path
 
 import pytest
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # several test processes share the cores: one thread each, for them and
+    os.environ["OMP_NUM_THREADS"] = "1"  # the processes they start (2 x 1 thread beat 1 x 2 threads on small models)
+    import torch
+
+    torch.set_num_threads(1)
 
 
 @pytest.fixture

@@ -151,3 +151,14 @@ def test_raw_pixel_features():
     assert feats.shape == (4, 27) and feats.dtype == torch.float32
     assert 0.0 <= feats.min() and feats.max() <= 1.0
     torch.testing.assert_close(feats[1, 5], images[1].flatten()[5].float() / 255)
+
+
+@pytest.mark.parametrize("m", [1023, 1024, 1025])
+def test_knn_in_chunks_equals_one_pass_at_the_chunk_boundary(m):
+    """Test samples are scored 1024 at a time: one below, at and one past the boundary give one pass's predictions."""
+    g = torch.Generator().manual_seed(m)
+    train, labels = torch.randn(300, 16, generator=g), torch.randint(0, 10, (300,), generator=g)
+    test = torch.randn(m, 16, generator=g)
+    chunked = knn_predict(train, labels, test, k=20)  # the default chunk of 1024
+    whole = knn_predict(train, labels, test, k=20, chunk_size=m)
+    assert torch.equal(chunked, whole) and chunked.shape == (m,)
