@@ -7,14 +7,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kontrast.losses import info_nce, moco_loss, nt_xent, spectral_contrastive_loss
-from support.reference import naive_nce, naive_spectral
+from kontrast.losses import MemoryBank, estimate_log_z, info_nce, moco_loss, nce_loss, nt_xent, spectral_contrastive_loss
 from kontrast.similarity import (
     concat_sum_scores,
     kernel_scores,
     paired_kernel_scores,
     simple_sum_scores,
 )
+from support.reference import naive_nce, naive_spectral
 
 
 def _randn(*shape, seed=0):
@@ -141,10 +141,6 @@ def test_spectral_loss_prefers_aligned_pairs_and_needs_two():
 
 
 # ---------------------------------------------------------------- memory bank and NCE (Wu et al. 2018)
-
-from kontrast.errors import UserError  # noqa: E402
-from kontrast.losses import MemoryBank, estimate_log_z, nce_loss  # noqa: E402
-
 
 def test_memory_bank_starts_as_unit_vectors_and_samples_in_range():
     bank = MemoryBank(10, 4, generator=torch.Generator().manual_seed(0))

@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kontrast.losses import info_nce, moco_loss, nt_xent, spectral_contrastive_loss
+from kontrast.errors import UserError
+from kontrast.losses import MemoryBank, estimate_log_z, info_nce, moco_loss, nce_loss, nt_xent, spectral_contrastive_loss
 from support.reference import naive_nce, naive_spectral
 from kontrast.similarity import (
     concat_sum_scores,
