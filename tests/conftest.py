@@ -44,16 +44,3 @@ def _restore_torch_threads():
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
-
-
-def pytest_collection_modifyitems(items):
-    """The learning tier first, longest first: on two test processes the long runs then overlap with the many short
-    tests instead of leaving one process idle at the end (the longest learning runs take 3-4 minutes)."""
-    first = {"test_learning[infomin]": 0, "test_learning_on_a_vit": 1, "test_learning[moco_v2]": 2,
-             "test_learning[dino]": 3}
-
-    def rank(item) -> tuple[int, int]:
-        learning = "tests/learning/" in item.nodeid
-        return (0 if learning else 1, first.get(item.name, len(first)) if learning else 0)
-
-    items.sort(key=rank)  # stable: every other test keeps its collected order
