@@ -1,6 +1,6 @@
 """Two ranks against one process on this CPU: throughput, communication, and memory.
 
-Issue 14's benchmark: SimCLR, ResNet-18 (CIFAR stem) at width 0.25, global batch 256, CIFAR-10 (all
+The distributed benchmark: SimCLR, ResNet-18 (CIFAR stem) at width 0.25, global batch 256, CIFAR-10 (all
 50,000 training images, so the dataset is large enough to see in memory), fp32. Three runs:
 
 - ``1x2``: one process, 2 threads (what a 2-core machine runs without torchrun);

@@ -1,4 +1,4 @@
-"""The encoder's forward + backward by memory layout and by how two views go through it (issue 19).
+"""The encoder's forward + backward by memory layout and by how two views go through it.
 
 kontrast's ResNet-18 CIFAR stem on random 32-px images, fp32: NCHW against channels_last, and the two views of
 a SimCLR step as one 2B batch (``method.view_bn=joint``) against two B batches (``per_view``). Images/s is

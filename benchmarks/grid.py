@@ -1,11 +1,11 @@
-"""Issue 19's grid: kontrast's default against the peer's default and best, SimCLR, widths x batches, one sitting.
+"""The speed grid: kontrast's default against the peer's default and best, SimCLR, widths x batches, one sitting.
 
 For every cell (ResNet-18 CIFAR stem at --widths, global batch --batches), back to back: the peer
 (../shared/bench/lightly_simclr.py) in each of --peer-settings and kontrast in each of --our-settings
 (`auto` is kontrast's default: what `train.precision=auto` and `train.channels_last=auto` choose on this
 machine). Each run is its own process (benchmarks/vs_peer.py's runners), 2 threads by default; images/s is
 wall time over the run's steps (first step included on both sides). The peer's best is its fastest setting
-in the cell. The target (issue 19): ours at its default >= 1.0x the peer's best, and >= 1.2x where the peer
+in the cell. The target: ours at its default >= 1.0x the peer's best, and >= 1.2x where the peer
 spends more than 20 % of its wall time outside its model step (1 - wall rate / compute rate: data loading and
 augmentation; the head, loss and optimizer are inside, so this is a lower bound on its share outside the
 encoder). Cells are appended to --results as they finish (a rerun skips cells already there); the markdown

@@ -1,4 +1,4 @@
-"""Check oneDNN's channels_last backward of 1x1 strided convolutions on this machine (issue 19).
+"""Check oneDNN's channels_last backward of 1x1 strided convolutions on this machine.
 
 ``kontrast.precision.channels_last_hazard`` keeps an encoder in NCHW when it has a 1x1 convolution with
 stride > 1 and fewer than 16 input channels: oneDNN's NHWC backward-weights kernel writes past its

@@ -1,4 +1,4 @@
-"""kontrast against the peer baseline (lightly's SimCLR recipe), judged against issue 7's targets.
+"""kontrast against the peer baseline (lightly's SimCLR recipe), judged against its speed targets.
 
 Runs `kontrast bench`'s augment, step and loss sections (ours alone: the library measures them), then
 end-to-end SimCLR training with the peer and ours back to back in each setting (their ratio), and with
@@ -37,7 +37,7 @@ SHARED = ROOT.parent / "shared"  # the data and the peer script beside the repos
 PROG = (".venv/bin/python", "benchmarks/vs_peer.py")
 TARGETS = {"train_vs_peer_fp32": 3.0, "train_vs_peer_best": 1.7, "augment_vs_torchvision": 8.0,
            "outside_encoder": {"simclr": 0.10, "moco_v2": 0.15, "byol": 0.15}}
-FULL_WIDTH_VS_PEER_BEST = 1.1  # issue 7: at full width the encoder dominates, so the target vs the peer's best is lower
+FULL_WIDTH_VS_PEER_BEST = 1.1  # at full width the encoder dominates, so the target vs the peer's best is lower
 PEER_FLAGS = {"auto": [], "fp32": [], "fp32_cl": ["--channels-last"], "bf16_cl": ["--bf16", "--channels-last"],
               "bf16_cl_compile": ["--bf16", "--channels-last"]}  # the peer has no compile option: its bf16_cl run
 
@@ -186,7 +186,7 @@ def train_target(name: str, width: float) -> float:
 
 
 def judge(result: dict, width: float) -> dict:
-    """Issue 7's targets, as met / NOT met, from the figures measured in this sitting (absent: not measured)."""
+    """The speed targets, as met / NOT met, from the figures measured in this sitting (absent: not measured)."""
     out: dict = {}
     if "augment" in result:
         for key, col in (("augment_vs_torchvision", "ratio"), ("augment_vs_torchvision_compiled", "compiled_ratio")):

@@ -4,7 +4,7 @@
 matmuls and convolutions in bf16, reductions and losses as autocast's op lists decide) or ``auto``
 (the default): bf16 only where the device computes it natively -- a CUDA GPU with bf16, a CPU with
 AMX or AVX512-BF16 -- and fp32 elsewhere, because on a CPU without them bf16 autocast was measured
-slower than fp32 (issue 19: SimCLR, ResNet-18 width 0.5, batch 384: 34 against 40 images/s).
+slower than fp32 (SimCLR, ResNet-18 width 0.5, batch 384: 34 against 40 images/s).
 ``train.channels_last: auto`` is on for every CPU (oneDNN's convolutions run in NHWC: on that CPU,
 ResNet-18 forward + backward in fp32 ran 1.0-1.3x faster per view, 1.1-1.7x as one 2B batch, widths 1 to
 0.25, docs/performance.md section 10) and, elsewhere, where bf16 is
