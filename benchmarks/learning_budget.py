@@ -6,7 +6,7 @@ over the first and last logged windows, the kNN of the untrained and the trained
 whether the test's checks pass (loss falls; kNN above twice chance and 0.01 above the untrained encoder).
 
     .venv/bin/python benchmarks/learning_budget.py --data ../shared/data/cifar10-jpeg.tar.gz \\
-        --methods simclr,byol --seeds 0,1,2 --limit 2000 [--epochs 4] [--out benchmarks/results/learning_budget.jsonl]
+        --methods simclr,byol --seeds 0,1,2 --limit 2000 [--epochs 4] [--precision fp32] [--out benchmarks/results/learning_budget.jsonl]
 """
 
 from __future__ import annotations
@@ -23,29 +23,39 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from learning.test_learning import run_learning  # noqa: E402
+from learning.test_learning import VIT_BUDGET, run_learning  # noqa: E402
+
+# the learning test's MoCo v3 on a small ViT (test_learning_on_a_vit), by a name of its own
+EXTRA_BUDGETS = {"moco_v3_vit": ("moco_v3", VIT_BUDGET)}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", required=True, help="CIFAR-10 (the JPEG archive of ../shared/data)")
-    p.add_argument("--methods", required=True, help="comma list of method names")
+    p.add_argument("--methods", required=True,
+                   help="comma list of method names, or moco_v3_vit (the learning test's ViT budget)")
     p.add_argument("--seeds", default="0,1,2", help="comma list (default: %(default)s)")
     p.add_argument("--epochs", type=int, help="override the entry's epochs")
     p.add_argument("--limit", type=int, help="override the entry's training images")
+    p.add_argument("--precision", choices=("auto", "fp32", "bf16"), help="override the entry's precision")
     p.add_argument("--out", help="append one JSON line per run to this file")
     args = p.parse_args()
     budgets = yaml.safe_load((ROOT / "benchmarks/short_budget.yaml").read_text())
-    for name in args.methods.split(","):
+    for entry in args.methods.split(","):
+        name, base = EXTRA_BUDGETS.get(entry, (entry, budgets.get(entry)))
+        if base is None:
+            p.error(f"no short budget for {entry!r}: one of {', '.join([*budgets, *EXTRA_BUDGETS])}")
         for seed in map(int, args.seeds.split(",")):
-            budget = json.loads(json.dumps(budgets[name]))
+            budget = json.loads(json.dumps(base))
             test = budget.setdefault("test", {})
-            test.update({k: v for k, v in (("epochs", args.epochs), ("limit", args.limit)) if v is not None})
+            test.update({k: v for k, v in (("epochs", args.epochs), ("limit", args.limit),
+                                                           ("precision", args.precision)) if v is not None})
             with tempfile.TemporaryDirectory() as tmp:
                 start = time.perf_counter()
                 result = run_learning(name, budget, Path(tmp), Path(args.data), seed=seed)
-                result.update(method=name, seed=seed, wall_s=round(time.perf_counter() - start, 1),
-                              epochs=test.get("epochs"), limit=test.get("limit"))
+                result.update(method=entry, seed=seed, wall_s=round(time.perf_counter() - start, 1),
+                              epochs=test.get("epochs"), limit=test.get("limit"),
+                              precision=test.get("precision", "auto"))
             print(json.dumps(result), flush=True)
             if args.out:
                 with open(args.out, "a") as f:

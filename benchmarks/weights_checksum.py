@@ -1,6 +1,6 @@
 """Checksums of the final weights of short training runs: the bit-identity check of a refactor.
 
-Trains each method for 20 steps on the built-in ``shapes`` data through the CLI (one thread,
+Trains each method (every registered one by default) for 20 steps on the built-in ``shapes`` data through the CLI (one thread,
 fixed seed), then hashes every tensor of the last checkpoint's ``model.safetensors`` by name.
 Run it at two commits and compare:
 
@@ -23,7 +23,12 @@ from pathlib import Path
 
 from safetensors.numpy import load_file
 
-METHODS = ("simclr", "moco_v2", "byol", "swav", "instdisc", "cpc_v2")
+
+def all_methods() -> str:
+    """Every registered method, comma-separated (the default: a refactor must hold for all of them)."""
+    from kontrast.methods import METHODS
+
+    return ",".join(METHODS.names())
 
 
 def run(method: str, workdir: Path, steps: int, batch: int, precision: str) -> dict[str, str]:
@@ -41,7 +46,7 @@ def run(method: str, workdir: Path, steps: int, batch: int, precision: str) -> d
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--methods", help="comma list (default: every registered method)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
@@ -50,7 +55,7 @@ def main() -> int:
     args = p.parse_args()
     result = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for method in args.methods.split(","):
+        for method in (args.methods or all_methods()).split(","):
             result[method] = run(method, Path(tmp), args.steps, args.batch, args.precision)
             whole = hashlib.sha256(json.dumps(result[method], sort_keys=True).encode()).hexdigest()[:16]
             print(f"{method:10s} {len(result[method])} tensors, checksum {whole}")
