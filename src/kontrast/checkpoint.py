@@ -21,7 +21,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn
@@ -29,9 +29,12 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_bytes
 from safetensors.torch import save as save_bytes
 
+from kontrast.config import load_yaml
 from kontrast.errors import UserError
 
 STATE_FILE = "state.json"
+RUN_CONFIG = "config.yaml"  # a run's resolved config, with its plan (kontrast.train.plan) in a section of its own
+PLAN_KEY = "plan"
 MODEL_FILE, OPTIMIZER_FILE, RNG_FILE = "model.safetensors", "optimizer.safetensors", "rng.safetensors"
 FORMAT = 2  # 2: sha256 of every file and a self-checksum in state.json (1 had neither)
 TMP_PREFIX = ".tmp-"
@@ -121,12 +124,12 @@ def save_checkpoint(
     state: dict,
     keep: int = 2,
     rng: dict[str, torch.Tensor] | None = None,
-    faults=None,
+    halfway: Callable[[], None] | None = None,
 ) -> Path:
     """Write ``method``'s state_dict, the optimizer, ``rng`` and ``state`` (must hold ``step``) atomically.
 
-    ``faults``: an optional hook object (:class:`kontrast.train.faults.NoFaults`) whose
-    ``in_checkpoint(step)`` runs with half the checkpoint written (the crash tests)."""
+    ``halfway()`` is called with half the checkpoint written (the training loop's ``checkpoint_writing`` event:
+    the crash tests kill the process there)."""
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{state['step']:08d}"
@@ -134,8 +137,8 @@ def save_checkpoint(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     files = {MODEL_FILE: _write_file(tmp / MODEL_FILE, _tensor_bytes(method.state_dict()))}
-    if faults is not None:
-        faults.in_checkpoint(state["step"])  # test hook: a crash with half a checkpoint written
+    if halfway is not None:
+        halfway()  # e.g. a crash with half a checkpoint written
     opt_tensors, opt_meta = _flatten_optimizer(optimizer)
     files[OPTIMIZER_FILE] = _write_file(tmp / OPTIMIZER_FILE, _tensor_bytes(opt_tensors))
     files[RNG_FILE] = _write_file(tmp / RNG_FILE, _tensor_bytes(rng or {}))
@@ -254,3 +257,10 @@ def load_checkpoint(
                                         f"parameter of shape {tuple(p.shape)}; check the method's settings")
     state["rng"] = _read_tensors(path, RNG_FILE, state) if (path / RNG_FILE).exists() else {}
     return state
+
+
+def read_run_config(run_dir: Path) -> tuple[dict, dict]:
+    """``(config sections, plan)`` of ``run_dir/config.yaml``; plan ``{}`` for a run written before plans were kept."""
+    raw = load_yaml(Path(run_dir) / RUN_CONFIG)
+    plan = raw.pop(PLAN_KEY, None) or {}
+    return raw, plan

@@ -17,35 +17,38 @@ from kontrast.errors import Interrupted, UserError
 
 
 def _train_config(args):
-    from kontrast.config import load_yaml, merge, parse_override
-    from kontrast.methods.build import resolve
+    """The run's config, resolved once: from the YAML, the flags and ``--set`` (and on ``--resume`` the run's own
+    config.yaml); a process of ``--nproc`` reads the one its launcher resolved."""
+    from kontrast.checkpoint import RUN_CONFIG, read_run_config
+    from kontrast.config import load_yaml
+    from kontrast.config.load import assemble
+    from kontrast.methods.build import read_resolved, resolve
 
-    raw: dict = {}
-    run_config = Path(args.out) / "config.yaml"
-    if args.resume and run_config.is_file():
-        raw = load_yaml(run_config)
-    if args.config:
-        raw = merge(raw, load_yaml(args.config))
-    if args.method:
-        saved = (raw.get("method") or {}).get("name")
-        if args.resume and saved and saved != args.method:
-            raise UserError(f"{args.out} was trained with --method {saved}, not {args.method}; drop --method to resume")
-        if saved != args.method:
-            raw["method"] = {"name": args.method}  # another method's args do not carry over
+    if CONFIG_ENV in os.environ and "RANK" in os.environ:
+        return read_resolved(load_yaml(os.environ[CONFIG_ENV]))
+    saved = read_run_config(Path(args.out))[0] if args.resume and (Path(args.out) / RUN_CONFIG).is_file() else None
     flags = {"data": {"source": args.data, "skip_bad_images": args.skip_bad_images or None},
              "train": {"epochs": args.epochs, "batch_size": args.batch_size, "precision": args.precision,
                        "device": args.device}}
-    for section, values in flags.items():
-        raw = merge(raw, {section: {k: v for k, v in values.items() if v is not None}})
-    for item in args.set:
-        raw = merge(raw, parse_override(item))
-    return resolve(raw)
+    return resolve(assemble(saved=saved, config_file=args.config, method=args.method, flags=flags, sets=args.set,
+                            where=str(args.out)))
+
+
+def _show_config(args) -> int:
+    """``kontrast config``: the resolved configuration, every key with what it is (a file ``--config`` reads)."""
+    from kontrast.config.keys import describe
+    from kontrast.config.load import assemble
+    from kontrast.methods.build import resolve
+
+    print(describe(resolve(assemble(config_file=args.config, method=args.method, sets=args.set))))
+    return 0
 
 
 ERRORS_ENV = "KONTRAST_LAUNCH_ERRORS"  # set by --nproc's launcher for its workers: a folder for their input errors
+CONFIG_ENV = "KONTRAST_LAUNCH_CONFIG"  # ... and the config it resolved, which they read instead of resolving again
 
 
-def _launch(nproc: int, argv: list[str]) -> int:
+def _launch(nproc: int, argv: list[str], cfg) -> int:
     """``kontrast train --nproc N``: the same command on N processes of this node, started by torchrun's launcher.
 
     On Linux the processes are forked from this one after it imported PyTorch and kontrast's training room,
@@ -76,8 +79,12 @@ def _launch(nproc: int, argv: list[str]) -> int:
     # the launcher logs a worker's exit as a traceback of its own; the worker has said why (one line for an input
     # error, its own traceback for a crash) and the lines below name the rank
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    errors = tempfile.TemporaryDirectory(prefix="kontrast-errors-")  # each worker's input error, said once below
+    from kontrast.config import dump
+
+    errors = tempfile.TemporaryDirectory(prefix="kontrast-launch-")  # each worker's input error, said once below
     os.environ[ERRORS_ENV] = errors.name
+    os.environ[CONFIG_ENV] = str(Path(errors.name) / "resolved.yaml")
+    dump(cfg, os.environ[CONFIG_ENV])
     try:  # torchrun's own launcher, in this process; each worker runs the command without --nproc
         elastic_launch(config=config_from_args(args)[0], entrypoint=_worker)(rest)
     except SignalException as exc:  # SIGTERM / SIGINT to the launcher: torchrun passed it on and waited for them
@@ -97,6 +104,7 @@ def _launch(nproc: int, argv: list[str]) -> int:
         return 1
     finally:
         os.environ.pop(ERRORS_ENV, None)
+        os.environ.pop(CONFIG_ENV, None)
         errors.cleanup()
     return 0
 
@@ -126,75 +134,94 @@ def _run(args, argv: list[str]) -> int:
     if args.command is None:  # bare `kontrast`: what it can do
         build_parser().print_help()
         return 0
-    if args.command == "methods":
-        from kontrast.methods import METHODS
+    if args.command == "train":
+        return _train(args, argv)
+    handlers = {"config": _show_config, "methods": _methods, "eval": _eval, "embed": _take_away,
+                "export": _take_away, "report": _take_away, "captions": _captions, "make-shapes": _write_files,
+                "shards": _write_files, "theory": _theory, "diagnose": _diagnose, "bench": _bench, "demo": _demo}
+    return handlers[args.command](args)
 
-        for name in METHODS.names():
-            print(f"{name:10s} {METHODS.get(name).description}")
-        return 0
-    if args.command == "train" and args.nproc != 1:
+
+def _train(args, argv: list[str]) -> int:
+    """``kontrast train``: one process here, or ``--nproc N`` launched from here."""
+    if args.nproc != 1:
         from kontrast.train.distributed import check_world
 
         if args.nproc < 1:
             raise UserError(f"--nproc must be at least 1, got {args.nproc}")
-        check_world(_train_config(args), args.nproc)  # bad input: one line here, before any process starts
-        return _launch(args.nproc, argv)
-    if args.command == "train":
-        from kontrast.train.faults import Faults
-        from kontrast.train.loop import fit
+        cfg = _train_config(args)
+        check_world(cfg, args.nproc)  # bad input: one line here, before any process starts
+        return _launch(args.nproc, argv, cfg)
+    from kontrast.train.faults import Faults
+    from kontrast.train.loop import fit
 
-        summary = fit(_train_config(args), args.out, resume=args.resume, overwrite=args.overwrite,
-                      progress=not args.no_progress, faults=Faults.from_env())
-        if os.environ.get("RANK", "0") == "0":  # under torchrun: rank 0 speaks for the run
-            print(json.dumps(summary))
-        return 0
-    if args.command == "eval":
-        from kontrast.evaluate.run import evaluate_run
+    summary = fit(_train_config(args), args.out, resume=args.resume, overwrite=args.overwrite,
+                  progress=not args.no_progress, listeners=[Faults.from_env()])
+    if os.environ.get("RANK", "0") == "0":  # under torchrun: rank 0 speaks for the run
+        print(json.dumps(summary))
+    return 0
 
-        result = evaluate_run(args.checkpoint, args.data, device=args.device, linear=not args.no_linear,
-                              clustering=not args.no_clustering, labels_fraction=args.labels_fraction,
-                              finetune_epochs=args.finetune_epochs)
-        print(json.dumps(result) if args.json else _eval_line(result))
-        return 0
-    if args.command in ("embed", "export", "report"):
-        return _take_away(args)
-    if args.command == "captions":
-        from kontrast.data.captions import write_captions
 
-        info = write_captions(args.data, args.out, seed=args.seed)
-        splits = ", ".join(f"{k} {info[k]}" for k in ("train", "test") if k in info)
-        print(f"wrote {info['out']}: {splits} pairs, {info['classes']} classes; captions are class names in "
-              f"{info['templates']} templates (the text is the label)")
-        return 0
-    if args.command in ("make-shapes", "shards"):
-        return _write_files(args)
-    if args.command == "theory":
-        from kontrast.theory import run_experiment
+def _methods(args) -> int:
+    from kontrast.methods import METHODS
 
-        run_experiment(args.experiment, vars(args))
-        return 0
-    if args.command == "diagnose":
-        from kontrast.evaluate.diagnostics import diagnose_run
+    for name in METHODS.names():
+        print(f"{name:10s} {METHODS.get(name).description}")
+    return 0
 
-        result = diagnose_run(args.checkpoint, args.data, split=args.split, limit=args.limit,
-                              temperature=args.temperature, graph_size=args.graph_size, seed=args.seed,
-                              device=args.device, out=args.out, log=(lambda _: None) if args.json else print)
-        if args.json:
-            print(json.dumps(result))
-        return 0
-    if args.command == "bench":
-        from kontrast.bench import main_json, run_bench
-        from kontrast.bench.options import from_args
 
-        opts = from_args(args)
-        main_json(opts) if args.json else run_bench(opts)
-        return 0
-    if args.command == "demo":
-        from kontrast.demo import run_demo
+def _eval(args) -> int:
+    from kontrast.evaluate.run import evaluate_run
 
-        run_demo(args.out, epochs=args.epochs, progress=not args.no_progress)
-        return 0
-    raise AssertionError(args.command)
+    result = evaluate_run(args.checkpoint, args.data, device=args.device, linear=not args.no_linear,
+                          clustering=not args.no_clustering, labels_fraction=args.labels_fraction,
+                          finetune_epochs=args.finetune_epochs)
+    print(json.dumps(result) if args.json else _eval_line(result))
+    return 0
+
+
+def _captions(args) -> int:
+    from kontrast.data.captions import write_captions
+
+    info = write_captions(args.data, args.out, seed=args.seed)
+    splits = ", ".join(f"{k} {info[k]}" for k in ("train", "test") if k in info)
+    print(f"wrote {info['out']}: {splits} pairs, {info['classes']} classes; captions are class names in "
+          f"{info['templates']} templates (the text is the label)")
+    return 0
+
+
+def _theory(args) -> int:
+    from kontrast.theory import run_experiment
+
+    run_experiment(args.experiment, vars(args))
+    return 0
+
+
+def _diagnose(args) -> int:
+    from kontrast.evaluate.diagnostics import diagnose_run
+
+    result = diagnose_run(args.checkpoint, args.data, split=args.split, limit=args.limit,
+                          temperature=args.temperature, graph_size=args.graph_size, seed=args.seed,
+                          device=args.device, out=args.out, log=(lambda _: None) if args.json else print)
+    if args.json:
+        print(json.dumps(result))
+    return 0
+
+
+def _bench(args) -> int:
+    from kontrast.bench import main_json, run_bench
+    from kontrast.bench.options import from_args
+
+    opts = from_args(args)
+    main_json(opts) if args.json else run_bench(opts)
+    return 0
+
+
+def _demo(args) -> int:
+    from kontrast.demo import run_demo
+
+    run_demo(args.out, epochs=args.epochs, progress=not args.no_progress)
+    return 0
 
 
 def _take_away(args) -> int:

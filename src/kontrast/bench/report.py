@@ -77,8 +77,6 @@ def _bench_config(opts: BenchOptions, method: str, setting: str):
 def section_step(opts: BenchOptions, data) -> dict:
     from kontrast.bench.step import PHASES, step_breakdown
 
-    device = torch.device(opts.device)
-    images = data.x.to(device)  # uint8 [N, 3, H, W]
     opts.log(f"== per-step breakdown (ms, median of {opts.step_iters}), {opts.encoder} width {opts.width:g}, "
              f"batch {opts.batch}, {opts.step_setting}, {threads(opts)} thread(s); outside = 1 - (encoder fwd+bwd "
              "+ target fwd) / step")
@@ -91,7 +89,7 @@ def section_step(opts: BenchOptions, data) -> dict:
         line = command(opts, "step", methods=name, step_setting=opts.step_setting)
         try:
             cfg = _bench_config(opts, name, opts.step_setting)
-            r = step_breakdown(cfg, images, data, iters=opts.step_iters, device=device)
+            r = step_breakdown(cfg, data, iters=opts.step_iters)
         except UserError as exc:  # e.g. a batch too small for a method's queue or BN groups
             opts.log(f"{name:15s} skipped: {exc}")
             rows.append({"method": name, "skipped": str(exc), "command": line})

@@ -19,14 +19,14 @@ from contextlib import contextmanager, nullcontext
 import torch
 import torch.nn as nn
 
-from kontrast.augment import derive_key, key_tensor, view_maker
+from kontrast.augment import derive_key, key_tensor
 from kontrast.config import Config
 from kontrast.methods.base import Progress
-from kontrast.methods.build import create_method, view_specs
 from kontrast.precision import autocast
-from kontrast.train.guards import NonFiniteGuard
-from kontrast.train.optim import create_optimizer, lr_schedule, peak_lr
-from kontrast.train.step import PHASES, StepContext, train_step
+from kontrast.train.data_path import TrainData
+from kontrast.train.optim import lr_schedule
+from kontrast.train.plan import build_run, plan_run
+from kontrast.train.step import PHASES, train_step
 
 STEPS = 1000  # the run length whose lr schedule the timed steps follow
 
@@ -68,62 +68,25 @@ def _recording(modules: list[nn.Module], calls: list[list]):
             h.remove()
 
 
-def step_breakdown(cfg: Config, images: torch.Tensor, data, *, iters: int, device: torch.device) -> dict:
+def step_breakdown(cfg: Config, data, *, iters: int) -> dict:
     """Median seconds per phase over ``iters`` steps (after two warm-up steps), and the encoder share.
 
-    cfg: a resolved config (method, encoder, batch, precision, channels_last); images: uint8
-    [N, 3, H, W] on ``device``; data: the Samples they came from (for ``bind_data``). The steps are
-    :func:`kontrast.train.step.train_step` on random batches, with the lr schedule of a
-    ``STEPS``-step run.
+    cfg: a resolved config (method, encoder, batch, precision, channels_last, device); data: the Samples
+    the steps draw from (on the memory path, as a run holds them). The run is made as ``fit`` makes it
+    (:func:`kontrast.train.plan.plan_run`, :func:`~kontrast.train.plan.build_run`); the steps are
+    :func:`kontrast.train.step.train_step` on random batches, with the lr schedule of a ``STEPS``-step run.
     """
-    tc = cfg.train
-    torch.manual_seed(tc.seed)
-    method = create_method(cfg, num_samples=len(images)).to(device)
-    if tc.channels_last:
-        method = method.to(memory_format=torch.channels_last)
-    method.bind_data(data)
-    specs = view_specs(cfg, method)
-    peak = peak_lr(cfg.optim, tc.batch_size)
-    ctx = StepContext(method=method, optimizer=create_optimizer(method, cfg.optim, tc.batch_size), images=images,
-                      make_views=view_maker(specs) if specs else None,
-                      lrs=lr_schedule(peak, STEPS, 0, cfg.optim.min_lr).tolist(), peak_lr=peak, seed=tc.seed,
-                      device=device, guard=NonFiniteGuard(method, device), precision=tc.precision,
-                      channels_last=tc.channels_last, nonfinite=tc.nonfinite)
+    plan = plan_run(cfg)
+    ctx, _, _ = build_run(plan, train=TrainData(data, line=""))
+    tc, method = plan.cfg.train, ctx.method
+    ctx.lrs = lr_schedule(ctx.peak_lr, STEPS, 0, plan.cfg.optim.min_lr).tolist()
     targets = [m for m in method.modules() if type(m) is type(method.encoder) and m is not method.encoder]
-    gen = torch.Generator().manual_seed(tc.seed)
-    key = key_tensor(derive_key("bench", tc.seed), device)
+    one_step = _stepper(ctx, tc, [method.encoder, *targets])
     method.train()
-
-    def one_step(times: dict | None, step: int, record: list | None = None) -> None:
-        t = [time.perf_counter()]
-
-        def lap(phase: str) -> None:
-            _sync(device)
-            t.append(time.perf_counter())
-
-        idx = torch.randperm(len(images), generator=gen)[: tc.batch_size]
-        with _recording([method.encoder, *targets], record) if record is not None else nullcontext():
-            train_step(ctx, idx, key, Progress(step=step, epoch=0, total_steps=STEPS, steps_per_epoch=STEPS), lap)
-        if times is not None:
-            for name, a, b in zip(PHASES, t, t[1:]):
-                times[name].append(b - a)
-
-    def encoder_only() -> None:
-        with autocast(device, tc.precision):
-            outs = [t for args, kw in calls[0] for t in _tensors(method.encoder(*args, **kw))]
-        sum(o.float().sum() for o in outs).backward()
-        _sync(device)
-
-    def targets_only() -> None:
-        with torch.no_grad(), autocast(device, tc.precision):
-            for module, log in zip(targets, calls[1:]):
-                for args, kw in log:
-                    module(*args, **kw)
-        _sync(device)
-
     calls: list[list] = [[] for _ in range(1 + len(targets))]
     one_step(None, 0, calls)  # warm-up, recording the encoder's inputs
     one_step(None, 1)
+    encoder_only, targets_only = _replays(method, targets, calls, tc.precision, ctx.device)
     # amdim, yadim and cpc_v2 read the encoder's feature maps (forward_maps, the patch grid), which the
     # forward hooks do not see: their phases are measured, their encoder share is not
     replay = bool(calls[0])
@@ -154,3 +117,46 @@ def step_breakdown(cfg: Config, images: torch.Tensor, data, *, iters: int, devic
         out.update(encoder_fwd_bwd_s=encoder_s, target_fwd_s=target_s,
                    outside_encoder=max(0.0, 1.0 - (encoder_s + target_s) / step_s))
     return out
+
+
+def _stepper(ctx, tc, encoders: list[nn.Module]):
+    """``one_step(times, step, record=None)``: :func:`train_step` on a random batch, each phase's seconds appended
+    to ``times[phase]`` (when given), and with ``record`` every call to ``encoders`` recorded (:func:`_recording`)."""
+    gen = torch.Generator().manual_seed(tc.seed)
+    key = key_tensor(derive_key("bench", tc.seed), ctx.device)
+
+    def one_step(times: dict | None, step: int, record: list | None = None) -> None:
+        t = [time.perf_counter()]
+
+        def lap(phase: str) -> None:
+            _sync(ctx.device)
+            t.append(time.perf_counter())
+
+        idx = torch.randperm(len(ctx.images), generator=gen)[: tc.batch_size]
+        with _recording(encoders, record) if record is not None else nullcontext():
+            train_step(ctx, idx, key, Progress(step=step, epoch=0, total_steps=STEPS, steps_per_epoch=STEPS), lap)
+        if times is not None:
+            for name, a, b in zip(PHASES, t, t[1:]):
+                times[name].append(b - a)
+
+    return one_step
+
+
+def _replays(method: nn.Module, targets: list[nn.Module], calls: list[list], precision: str, device: torch.device):
+    """``(encoder_only, targets_only)``: the recorded calls replayed, the encoder's forward + backward of a plain
+    sum, and its momentum copies' forward only."""
+
+    def encoder_only() -> None:
+        with autocast(device, precision):
+            outs = [t for args, kw in calls[0] for t in _tensors(method.encoder(*args, **kw))]
+        sum(o.float().sum() for o in outs).backward()
+        _sync(device)
+
+    def targets_only() -> None:
+        with torch.no_grad(), autocast(device, precision):
+            for module, log in zip(targets, calls[1:]):
+                for args, kw in log:
+                    module(*args, **kw)
+        _sync(device)
+
+    return encoder_only, targets_only

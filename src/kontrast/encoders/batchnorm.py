@@ -53,7 +53,7 @@ def shuffled_forward(net: nn.Module, x: torch.Tensor, groups: int, ranks=None) -
     world = ranks.world if ranks is not None else 1
     if world > 1:
         b = x.shape[0]
-        mine = slice(ranks.rank * b, (ranks.rank + 1) * b)  # this rank's rows of the global batch
+        mine = ranks.own(b)  # this rank's rows of the global batch
         perm = ranks.broadcast(torch.randperm(b * world, device=x.device))  # [N] one shuffle for every rank
         out = grouped_forward(net, ranks.gather(x)[perm[mine]], groups // world)  # [b, D] this rank's shuffled slice
         return ranks.gather(out)[torch.argsort(perm)][mine]  # [b, D] unshuffled, this rank's rows

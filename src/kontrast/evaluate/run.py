@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kontrast.checkpoint import STATE_FILE, latest_checkpoint, load_weights
-from kontrast.config import Config, load_yaml
+from kontrast.checkpoint import RUN_CONFIG, STATE_FILE, latest_checkpoint, load_weights, read_run_config
+from kontrast.config import Config
 from kontrast.data import load_images
 from kontrast.errors import UserError
 from kontrast.evaluate.finetune import check_finetune_args, finetune_top1
@@ -27,9 +27,10 @@ def load_run(path: str | Path) -> tuple[Config, Method, Path]:
         run_dir, ckpt = path, latest_checkpoint(path)
         if ckpt is None:
             raise UserError(f"no complete checkpoint under {path}/checkpoints; train first (kontrast train --out {path})")
-    if not (run_dir / "config.yaml").is_file():
-        raise UserError(f"{run_dir}/config.yaml is missing; --checkpoint must point at a kontrast run directory")
-    cfg = resolve(load_yaml(run_dir / "config.yaml"))
+    if not (run_dir / RUN_CONFIG).is_file():
+        raise UserError(f"{run_dir}/{RUN_CONFIG} is missing; --checkpoint must point at a kontrast run directory")
+    raw, _ = read_run_config(run_dir)
+    cfg = resolve(raw)
     method = create_method(cfg, num_samples=_num_samples(ckpt), pretrained=False)  # the checkpoint's weights follow
     load_weights(ckpt, method)
     return cfg, method, ckpt

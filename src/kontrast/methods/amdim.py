@@ -23,7 +23,7 @@ from kontrast.errors import UserError
 from kontrast.extract import LocalProjection, positions
 from kontrast.losses import mi_bound, score_penalty
 from kontrast.losses.local import locations, positional_nce
-from kontrast.methods.base import Method, Progress
+from kontrast.methods.base import Method, Progress, Ranks
 from kontrast.registry import METHODS
 from kontrast.similarity import scaled_dot, soft_clip
 
@@ -46,11 +46,11 @@ class AMDIM(Method):
     defaults = {"encoder": {"name": "amdim"}, "optim": AMDIM_OPTIM}
     distributed = True
 
-    def __init__(self, encoder, params: AMDIMParams, num_samples: int = 0):
+    def __init__(self, encoder, params: AMDIMParams, num_samples: int = 0, ranks: Ranks = Ranks()):
         if len(getattr(encoder, "map_dims", ())) < 3:
             raise UserError("amdim needs an encoder with feature maps at >= 3 scales; set encoder.name to amdim or "
                             "resnet18/34/50 (a ViT has one map, its patch tokens)")
-        super().__init__(encoder, params, num_samples)
+        super().__init__(encoder, params, num_samples, ranks)
         self.heads = nn.ModuleList(LocalProjection(d, params.n_rkhs) for d in encoder.map_dims[-3:])  # 7, 5, 1
 
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
@@ -59,13 +59,13 @@ class AMDIM(Method):
         maps = self.encoder.forward_maps(torch.cat(views[:2]))[-3:]
         l7, l5, l1 = (head(m) for head, m in zip(self.heads, maps))  # [2B, R, h, w] each
         g = l1.mean(dim=(2, 3))  # [2B, R] global feature
-        rank, world = self.ranks.rank, self.ranks.world  # on W ranks: this rank's B of the global BW
-        images = rank * b + torch.arange(b, device=g.device)  # [B] each anchor row's image among the BW
+        world, mine = self.ranks.world, self.ranks.own(b)  # on W ranks: this rank's B of the global BW
+        images = mine.start + torch.arange(b, device=g.device)  # [B] each anchor row's image among the BW
         losses, regs, bounds = [], [], []
         for src, trg in ((slice(0, b), slice(b, 2 * b)), (slice(b, 2 * b), slice(0, b))):
             p5 = positions(l5[src])  # [B, 25, R]
             pick = torch.randint(p5.shape[1], (world * b,), device=p5.device)  # one 5x5 location per image of the BW
-            pick = pick[rank * b:(rank + 1) * b]  # this rank's (every rank draws the same BW)
+            pick = pick[mine]  # this rank's (every rank draws the same BW)
             local = p5[torch.arange(b, device=p5.device), pick]  # [B, R]
             for anchor, target in ((g[src], l5[trg]), (g[src], l7[trg]), (local, l5[trg])):
                 target = self.ranks.gather(target)  # [BW, R, h, w] every rank's maps (one process: B)

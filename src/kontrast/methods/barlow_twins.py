@@ -23,7 +23,7 @@ import torch
 from kontrast.config import checked
 from kontrast.extract import mlp
 from kontrast.losses import barlow_twins_loss
-from kontrast.methods.base import Method, Progress, embedding_std
+from kontrast.methods.base import embedding_std, Method, Progress, Ranks
 from kontrast.registry import METHODS
 
 
@@ -44,8 +44,8 @@ class BarlowTwins(Method):
     defaults = {"optim": {"name": "lars", "lars_clip": True, "lr": 0.3, "weight_decay": 1e-4, "warmup_epochs": 10.0},
                 "encoder": {"zero_init_residual": True}}  # the authors' ResNet(zero_init_residual=True)
 
-    def __init__(self, encoder, params: BarlowTwinsParams, num_samples: int = 0):
-        super().__init__(encoder, params, num_samples)
+    def __init__(self, encoder, params: BarlowTwinsParams, num_samples: int = 0, ranks: Ranks = Ranks()):
+        super().__init__(encoder, params, num_samples, ranks)
         p = params
         self.projector = mlp([encoder.dim, p.proj_hidden, p.proj_hidden, p.proj_dim], bias_last=False)
 

@@ -61,7 +61,7 @@ class Ranks:
 
     A run on W ranks (``kontrast train --nproc W``; docs/distributed.md) gives each rank its slice of
     the global batch, ``b = B / W`` samples, rank r holding samples ``r*b .. (r+1)*b`` of the step.
-    The training room replaces this object with one backed by torch.distributed; a method never
+    The training room passes one backed by torch.distributed to the method's constructor; a method never
     imports it. ``gather`` carries gradients back to every rank's inputs.
     """
 
@@ -75,6 +75,14 @@ class Ranks:
     def broadcast(self, x: torch.Tensor, src: int = 0) -> torch.Tensor:
         """Rank ``src``'s ``x`` on every rank (one process: ``x``)."""
         return x
+
+    def own(self, n: int) -> slice:
+        """This rank's ``n`` rows among every rank's ``W n`` (in :meth:`gather`'s rank order)."""
+        return slice(self.rank * n, (self.rank + 1) * n)
+
+    def everyone(self, x: torch.Tensor) -> tuple[torch.Tensor, slice]:
+        """The global candidates and this rank's own rows in them: ``(gather(x) [W n, ...], own(n))``."""
+        return self.gather(x), self.own(x.shape[0])
 
 
 class Method(nn.Module):
@@ -99,12 +107,12 @@ class Method(nn.Module):
     sync_bn: ClassVar[bool] = True  # train.sync_bn applies (False: the method keeps its own BN groups, MoCo's shuffling BN)
     retired_state: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, encoder: nn.Module, params: Any, num_samples: int = 0):
+    def __init__(self, encoder: nn.Module, params: Any, num_samples: int = 0, ranks: Ranks = Ranks()):
         super().__init__()
         self.encoder = encoder
         self.params = params
         self.num_samples = num_samples  # training-set size, for per-sample state (0 when unknown)
-        self.ranks = Ranks()  # the training room sets a torch.distributed one on several processes
+        self.ranks = ranks  # the processes a step is spread over (one, or the training room's torch.distributed ones)
 
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:

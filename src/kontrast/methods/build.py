@@ -19,7 +19,7 @@ from kontrast.encoders import check_encoder_name, create_encoder
 from kontrast.encoders.vit import VIT_SIZES, default_patch_size
 from kontrast.encoders.weights import load_weights_into
 from kontrast.errors import UserError
-from kontrast.methods.base import Method
+from kontrast.methods.base import Method, Ranks
 from kontrast.registry import METHODS
 
 
@@ -38,6 +38,13 @@ def resolve(raw: dict | None = None) -> Config:
     return cfg
 
 
+def read_resolved(raw: dict) -> Config:
+    """A config :func:`resolve` made, read back from its dump (:func:`kontrast.config.dump`): parsed and checked
+    as strictly, with no defaults applied again (every key is there already)."""
+    cls = METHODS.get((raw.get("method") or {}).get("name", "simclr"))
+    return build_config(raw, params=cls.Params)
+
+
 def method_defaults(cls: type[Method], raw: dict) -> dict:
     """``cls.defaults``, less ``encoder.zero_init_residual`` where the encoder is a ViT and the user left the key
     unset: that default is the authors' ResNet's, and a ViT whose blocks all start as the identity gives every
@@ -50,8 +57,9 @@ def method_defaults(cls: type[Method], raw: dict) -> dict:
     return defaults
 
 
-def create_method(cfg: Config, num_samples: int = 0, *, pretrained: bool = True) -> Method:
-    """The configured method; ``num_samples`` (training-set size) sizes per-sample state such as memory banks.
+def create_method(cfg: Config, num_samples: int = 0, *, pretrained: bool = True, ranks: Ranks = Ranks()) -> Method:
+    """The configured method; ``num_samples`` (training-set size) sizes per-sample state such as memory banks;
+    ``ranks``: the processes a step is spread over (the training room's; one process by default).
 
     ``pretrained``: load ``encoder.weights`` (when set) into the encoder before the method is built, so
     copies the method makes in its constructor (BYOL's and MoCo's EMA targets) start from those weights.
@@ -65,7 +73,7 @@ def create_method(cfg: Config, num_samples: int = 0, *, pretrained: bool = True)
     encoder = build_encoder(cfg)
     if pretrained and cfg.encoder.weights:
         load_weights_into(encoder, cfg.encoder.weights)  # before the method: its EMA target copies these
-    return cls(encoder, cfg.method.params, num_samples)
+    return cls(encoder, cfg.method.params, num_samples, ranks)
 
 
 # encoder options only some encoders take, and what to do when another is configured with one
@@ -76,19 +84,27 @@ ENCODER_OPTIONS = {"zero_init_residual": "set encoder.zero_init_residual=false",
                    "freeze_patch_embed": "set encoder.freeze_patch_embed=false (it applies to vit_tiny and vit_small)"}
 
 
-def build_encoder(cfg: Config):
-    """The configured encoder: the options set in ``cfg.encoder`` passed on, a ViT built for ``data.size``."""
+def build_encoder_args(cfg: Config) -> dict:
+    """The configured encoder's :func:`~kontrast.encoders.create_encoder` arguments: name, stem, width, the
+    options set in ``cfg.encoder``, and ``image_size`` = ``data.size`` for a ViT (its patches and positions)."""
     enc = cfg.encoder
-    extra = {key: getattr(enc, key) for key in ENCODER_OPTIONS if getattr(enc, key) not in (None, False)}
+    args = {"name": enc.name, "stem": enc.stem, "width": enc.width}
+    args.update({key: getattr(enc, key) for key in ENCODER_OPTIONS if getattr(enc, key) not in (None, False)})
     if enc.name in VIT_SIZES:  # patch size and position table follow the training resolution
-        extra["image_size"] = cfg.data.size
+        args["image_size"] = cfg.data.size
+    return args
+
+
+def build_encoder(cfg: Config):
+    """The configured encoder (:func:`build_encoder_args`)."""
+    args = build_encoder_args(cfg)
     try:
-        return create_encoder(enc.name, stem=enc.stem, width=enc.width, **extra)
+        return create_encoder(**args)
     except TypeError as err:  # an option this encoder lacks (no residual blocks to zero, no patches)
-        key = next((k for k in extra if f"'{k}'" in str(err)), None)
+        key = next((k for k in ENCODER_OPTIONS if f"'{k}'" in str(err) and k in args), None)
         if key is None:
             raise
-        raise UserError(f"encoder {enc.name!r} has no {key} option; {ENCODER_OPTIONS[key]}") from err
+        raise UserError(f"encoder {cfg.encoder.name!r} has no {key} option; {ENCODER_OPTIONS[key]}") from err
 
 
 def encoder_layers(cfg: Config) -> nn.Module:

@@ -24,19 +24,17 @@ import torch.nn as nn
 from kontrast.config import checked
 from kontrast.encoders.target import MomentumTarget, cosine_momentum
 from kontrast.extract import mlp
-from kontrast.methods.base import Method, Progress, embedding_std
+from kontrast.methods.base import embedding_std, Method, Progress, Ranks
 from kontrast.registry import METHODS
 from kontrast.similarity import paired_cosine
 
 
 @dataclass(frozen=True)
 class BYOLParams:
-    proj_hidden: int = checked(4096, ge=1)
-    proj_dim: int = checked(256, ge=1)
-    pred_hidden: int = checked(4096, ge=1)
-    base_momentum: float = checked(0.99, ge=0, le=1)
-
-
+    proj_hidden: int = checked(4096, ge=1)  # hidden width of the projector MLP
+    proj_dim: int = checked(256, ge=1)  # output width of the projector and the predictor
+    pred_hidden: int = checked(4096, ge=1)  # hidden width of the predictor MLP
+    base_momentum: float = checked(0.99, ge=0, le=1)  # the target's EMA momentum at the start; a cosine takes it to 1
 @METHODS.register("byol")
 class BYOL(Method):
     description = "BYOL: online predictor regresses an EMA target, no negatives (Grill et al. 2020)"
@@ -45,8 +43,8 @@ class BYOL(Method):
     distributed = True  # no cross-rank samples in the loss: global BN and averaged gradients suffice
     defaults = {"optim": {"name": "lars", "lars_clip": True, "lr": 1.0, "weight_decay": 1e-5, "warmup_epochs": 10.0}}
 
-    def __init__(self, encoder, params: BYOLParams, num_samples: int = 0):
-        super().__init__(encoder, params, num_samples)
+    def __init__(self, encoder, params: BYOLParams, num_samples: int = 0, ranks: Ranks = Ranks()):
+        super().__init__(encoder, params, num_samples, ranks)
         self.projector = mlp([encoder.dim, params.proj_hidden, params.proj_dim])
         self.predictor = mlp([params.proj_dim, params.pred_hidden, params.proj_dim])
         self.target = MomentumTarget(self._online())

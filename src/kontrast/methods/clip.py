@@ -24,20 +24,20 @@ from kontrast.encoders.text import TextTransformer, tokenize
 from kontrast.errors import UserError
 from kontrast.losses import info_nce
 from kontrast.losses.symmetric import symmetric_info_nce
-from kontrast.methods.base import Method, Progress, embedding_std
+from kontrast.methods.base import embedding_std, Method, Progress, Ranks
 from kontrast.registry import METHODS
 from kontrast.similarity import cosine
 
 
 @dataclass(frozen=True)
 class CLIPParams:
-    embed_dim: int = 128
-    init_temperature: float = 0.07
-    max_logit_scale: float = 100.0
+    embed_dim: int = 128  # width of the shared image-text embedding
+    init_temperature: float = 0.07  # the learned temperature's start (logit scale = 1 / temperature)
+    max_logit_scale: float = 100.0  # the learned logit scale is clamped at this (CLIP's 100)
     context_length: int = 64  # bytes, with start and end tokens
-    text_width: int = 128
-    text_layers: int = 3
-    text_heads: int = 4
+    text_width: int = 128  # width of the text transformer
+    text_layers: int = 3  # blocks of the text transformer
+    text_heads: int = 4  # attention heads of the text transformer
     caption_seed: int = 0  # template choice when captions are made from labels
 
 
@@ -50,8 +50,8 @@ class CLIP(Method):
     defaults = {"optim": {"name": "adamw", "lr": 5e-4, "weight_decay": 0.2, "betas": [0.9, 0.98],
                           "warmup_epochs": 1.0}}
 
-    def __init__(self, encoder, params: CLIPParams, num_samples: int = 0):
-        super().__init__(encoder, params, num_samples)
+    def __init__(self, encoder, params: CLIPParams, num_samples: int = 0, ranks: Ranks = Ranks()):
+        super().__init__(encoder, params, num_samples, ranks)
         self.text = TextTransformer(params.context_length, params.text_width, params.text_layers, params.text_heads)
         self.image_projection = nn.Linear(encoder.dim, params.embed_dim, bias=False)
         self.text_projection = nn.Linear(params.text_width, params.embed_dim, bias=False)
@@ -83,7 +83,7 @@ class CLIP(Method):
             scores = cosine(img, txt) * scale  # [B, B] image i vs caption j
             loss = symmetric_info_nce(scores)  # InfoNCE over rows (image -> caption) and columns, averaged
         else:  # this rank's images against every rank's captions, and its captions against every image
-            positives = self.ranks.rank * img.shape[0] + torch.arange(img.shape[0], device=img.device)  # [B]
+            positives = self.ranks.own(img.shape[0]).start + torch.arange(img.shape[0], device=img.device)  # [B]
             to_text = cosine(img, self.ranks.gather(txt)) * scale  # [B, BW]
             to_image = cosine(txt, self.ranks.gather(img)) * scale  # [B, BW]
             loss = (info_nce(to_text, positives) + info_nce(to_image, positives)) / 2

@@ -21,7 +21,7 @@ from kontrast.errors import UserError
 from kontrast.extract import GRUContext, PooledContext
 from kontrast.losses import info_nce, mi_bound
 from kontrast.losses.local import negative_pools
-from kontrast.methods.base import Method, Progress
+from kontrast.methods.base import Method, Progress, Ranks
 from kontrast.registry import METHODS
 from kontrast.similarity import bilinear
 
@@ -51,10 +51,10 @@ class CPC(Method):
                 "optim": {"name": "adamw", "lr": 2e-4, "lr_batch": 64, "weight_decay": 0.0}}
     distributed = True  # pools of negative_pool sequences never span ranks (check_world): no communication
 
-    def __init__(self, encoder, params: CPCParams, num_samples: int = 0):
+    def __init__(self, encoder, params: CPCParams, num_samples: int = 0, ranks: Ranks = Ranks()):
         if not hasattr(encoder, "forward_sequence"):
             raise UserError("cpc needs a sequence encoder (encoder.name conv1d or cpc_audio)")
-        super().__init__(PooledContext(encoder, GRUContext(encoder.dim, params.context_dim)), params, num_samples)
+        super().__init__(PooledContext(encoder, GRUContext(encoder.dim, params.context_dim)), params, num_samples, ranks)
         # one W_k per step: [K, D_z, D_c]; near zero at start, so candidates score alike and the loss starts at ~log N
         self.predictors = nn.Parameter(torch.randn(params.steps, encoder.dim, params.context_dim) * 0.01 / params.context_dim**0.5)
 

@@ -23,7 +23,7 @@ from kontrast.errors import UserError
 from kontrast.extract import GridContext, positions
 from kontrast.losses import info_nce, mi_bound
 from kontrast.losses.local import negative_pools
-from kontrast.methods.base import Method, Progress
+from kontrast.methods.base import Method, Progress, Ranks
 from kontrast.methods.cpc import check_pools
 from kontrast.registry import METHODS
 from kontrast.similarity import bilinear
@@ -31,12 +31,12 @@ from kontrast.similarity import bilinear
 
 @dataclass(frozen=True)
 class CPCV2Params:
-    patch_size: int = checked(8, ge=1)
-    patch_stride: int = checked(4, ge=1)
+    patch_size: int = checked(8, ge=1)  # side of each patch of the grid, in pixels
+    patch_stride: int = checked(4, ge=1)  # step between patches, in pixels (below the side: overlapping patches)
     context_blocks: int = checked(2, ge=0)  # residual row-causal blocks
     context_hidden: int = checked(0, ge=0)  # 0 = the encoder's dim
     min_offset: int = checked(2, ge=1)  # predict rows i + min_offset .. i + max_offset
-    max_offset: int = checked(3, ge=1)
+    max_offset: int = checked(3, ge=1)  # the farthest row below that is predicted
     negative_pool: int = checked(32, ge=1)  # images whose patches are each other's negatives
 
 
@@ -48,10 +48,10 @@ class CPCV2(Method):
     defaults = {"optim": {"name": "adamw", "lr": 2e-4, "weight_decay": 0.0}}
     distributed = True  # pools of negative_pool images never span ranks (check_world): no communication
 
-    def __init__(self, encoder, params: CPCV2Params, num_samples: int = 0):
+    def __init__(self, encoder, params: CPCV2Params, num_samples: int = 0, ranks: Ranks = Ranks()):
         if not 1 <= params.min_offset <= params.max_offset:
             raise UserError("cpc_v2 needs 1 <= method.min_offset <= method.max_offset")
-        super().__init__(PatchGridEncoder(encoder, params.patch_size, params.patch_stride), params, num_samples)
+        super().__init__(PatchGridEncoder(encoder, params.patch_size, params.patch_stride), params, num_samples, ranks)
         d = encoder.dim
         self.context = GridContext(d, params.context_hidden or d, params.context_blocks)
         n = params.max_offset - params.min_offset + 1

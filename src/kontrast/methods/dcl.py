@@ -27,9 +27,7 @@ from kontrast.similarity import cosine, paired_cosine
 
 @dataclass(frozen=True)
 class DCLParams(SimCLRParams):
-    temperature: float = checked(0.1, gt=0)
-
-
+    temperature: float = checked(0.1, gt=0)  # tau of the scores cosine / tau
 @dataclass(frozen=True)
 class DCLWParams(DCLParams):
     sigma: float = checked(0.5, gt=0)  # scale of the von Mises-Fisher weighting (paper: 0.5)
@@ -48,8 +46,8 @@ class DCL(SimCLR):  # SimCLR's head, recipe and optimizer; only the loss below d
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
         tau, b = self.params.temperature, views[0].shape[0]
         z = self.embed(views[:2])  # [2B, proj_dim]: view 1 of every image, then view 2 (SimCLR's method.view_bn)
-        candidates = self.ranks.gather(z)  # [2BW, proj_dim] cat(view 1, view 2) of each rank, in rank order
-        offset = 2 * b * self.ranks.rank  # column of this rank's first view
+        candidates, mine = self.ranks.everyone(z)  # [2BW, proj_dim] cat(view 1, view 2) of each rank, in rank order
+        offset = mine.start  # column of this rank's first view
         scores = cosine(z, candidates, tau)  # [2B, 2BW] sim(z_i, z_j) / tau
         loss = decoupled_info_nce(scores, b, offset, self.weights(candidates, b))  # eq. 6: no positive below
         n = candidates.shape[0] - 1  # NT-Xent's candidates per anchor, for the bound of the same scores
@@ -65,5 +63,5 @@ class DCLW(DCL):
     def weights(self, candidates: torch.Tensor, b: int) -> torch.Tensor:
         pairs = candidates.detach().unflatten(0, (-1, 2, b))  # [W, 2, B, proj_dim] every rank's two views
         cos = paired_cosine(pairs[:, 0].flatten(0, 1), pairs[:, 1].flatten(0, 1))  # [BW] cos(z_k, z_k')
-        w = von_mises_fisher_weights(cos, self.params.sigma)[self.ranks.rank * b:][:b]  # [B] this rank's images
+        w = von_mises_fisher_weights(cos, self.params.sigma)[self.ranks.own(b)]  # [B] this rank's images
         return torch.cat([w, w])  # [2B] both views of an image share its pair's weight

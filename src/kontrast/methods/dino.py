@@ -19,23 +19,23 @@ from kontrast.errors import UserError
 from kontrast.extract import DINOHead
 from kontrast.losses import (dino_loss, target_statistics, teacher_distribution, teacher_temperature,
                              update_centre)
-from kontrast.methods.base import Method, Progress, embedding_std
+from kontrast.methods.base import embedding_std, Method, Progress, Ranks
 from kontrast.precision import float32
 from kontrast.registry import METHODS
 
 
 @dataclass(frozen=True)
 class DINOParams:
-    proj_hidden: int = checked(2048, ge=1)
-    bottleneck_dim: int = checked(256, ge=1)
+    proj_hidden: int = checked(2048, ge=1)  # hidden width of the head's MLP
+    bottleneck_dim: int = checked(256, ge=1)  # width of the L2-normalised bottleneck before the prototypes
     num_prototypes: int = checked(4096, ge=1)  # K: solo-learn's CIFAR recipe (paper, ImageNet: 65536)
-    student_temp: float = checked(0.1, gt=0)
+    student_temp: float = checked(0.1, gt=0)  # tau_s of the student's softmax
     teacher_temp: float = checked(0.07, gt=0)  # tau_t, reached after a linear warm-up from warmup_teacher_temp
-    warmup_teacher_temp: float = checked(0.04, gt=0)
-    warmup_teacher_temp_epochs: float = checked(30.0, ge=0)
+    warmup_teacher_temp: float = checked(0.04, gt=0)  # tau_t at the start of its linear warm-up
+    warmup_teacher_temp_epochs: float = checked(30.0, ge=0)  # epochs of tau_t's warm-up (0: teacher_temp throughout)
     centre_momentum: float = checked(0.9, ge=0, le=1)  # 1: the centre stays 0 (no centring: the collapse ablation)
-    base_momentum: float = checked(0.996, ge=0, le=1)
-    freeze_last_layer_epochs: float = checked(1.0, ge=0)
+    base_momentum: float = checked(0.996, ge=0, le=1)  # the teacher's EMA momentum at the start; a cosine takes it to 1
+    freeze_last_layer_epochs: float = checked(1.0, ge=0)  # epochs during which the prototype layer gets no gradient
     use_bn_in_head: bool = False  # the authors' option: a short ResNet run needs it (docs/methods.md, "DINO")
 
     def validate(self, cfg) -> None:
@@ -51,8 +51,8 @@ class DINO(Method):
     distributed = True  # local loss per rank; the centre from every rank's teacher outputs
     defaults = {"optim": {"name": "lars", "lars_clip": True, "lr": 0.3, "weight_decay": 1e-6, "warmup_epochs": 10.0}}
 
-    def __init__(self, encoder, params: DINOParams, num_samples: int = 0):
-        super().__init__(encoder, params, num_samples)
+    def __init__(self, encoder, params: DINOParams, num_samples: int = 0, ranks: Ranks = Ranks()):
+        super().__init__(encoder, params, num_samples, ranks)
         self.head = DINOHead(encoder.dim, params.proj_hidden, params.bottleneck_dim, params.num_prototypes,
                              bn=params.use_bn_in_head)
         self.target = MomentumTarget(torch.nn.Sequential(self.encoder, self.head))  # the teacher

@@ -35,18 +35,18 @@ from kontrast.config import checked
 from kontrast.errors import UserError
 from kontrast.extract import mlp
 from kontrast.losses import MemoryBank, estimate_log_z, nce_loss
-from kontrast.methods.base import Method, Progress, embedding_std
+from kontrast.methods.base import embedding_std, Method, Progress, Ranks
 from kontrast.registry import METHODS
 
 
 @dataclass(frozen=True)
 class InstDiscParams:
-    temperature: float = 0.1
+    temperature: float = 0.1  # tau of the non-parametric softmax v.f / tau
     noise_samples: int = 4096  # m
-    bank_momentum: float = 0.5
-    proj_dim: int = 128
+    bank_momentum: float = 0.5  # each memory-bank row moves this far toward its new feature
+    proj_dim: int = 128  # width of the features kept in the memory bank
     proximal: float = 0.0  # lambda of the proximal regularisation (0 = off)
-    head_bn: bool = True  # BN after the linear head (see docstring); False = the paper's plain linear head
+    head_bn: bool = True  # BN after the linear head (false: the paper's plain linear head)
     z_estimate: str = checked("step", choices=("step", "once"))  # Monte Carlo Z every step, or "once" (paper)
 
 
@@ -58,8 +58,8 @@ class InstDisc(Method):
     distributed = True  # noise drawn alike on every rank (same generator state); every rank's bank updates
     defaults = {"optim": {"lr": 0.03, "lr_batch": 128, "weight_decay": 5e-4}}
 
-    def __init__(self, encoder, params: InstDiscParams, num_samples: int = 0):
-        super().__init__(encoder, params, num_samples)
+    def __init__(self, encoder, params: InstDiscParams, num_samples: int = 0, ranks: Ranks = Ranks()):
+        super().__init__(encoder, params, num_samples, ranks)
         self.projector = mlp([encoder.dim, params.proj_dim], last_norm=params.head_bn)
         self.bank = MemoryBank(num_samples, params.proj_dim, params.bank_momentum)
         self.register_buffer("log_z", torch.tensor(float("nan")))  # the last estimate; NaN until the first

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from kontrast.errors import UserError
 from kontrast.extract import mlp
 from kontrast.losses import mi_bound, two_view_info_nce
-from kontrast.methods.base import Method, Progress, embedding_std
+from kontrast.methods.base import embedding_std, Method, Progress, Ranks
 from kontrast.registry import METHODS
 from kontrast.similarity import concat_sum_scores, kernel_scores, simple_sum_scores
 
@@ -40,13 +40,12 @@ KERNELS = ("gaussian", "laplacian", "gamma", "simple_sum", "concat_sum")
 
 @dataclass(frozen=True)
 class KernelInfoNCEParams:
-    kernel: str = "simple_sum"
+    kernel: str = "simple_sum"  # the similarity kernel: gaussian, laplacian, gamma, simple_sum or concat_sum
     gamma: float = 1.0  # exponent of the "gamma" kernel and of the mixtures' second kernel
     temperature: float = 0.5  # tau of the single kernel / the gamma kernel in mixtures
     gaussian_temperature: float = 1.0  # tau2 of the Gaussian kernel in mixtures
     proj_hidden: int = 0  # 0 = the encoder's feature dim
-    proj_dim: int = 128
-
+    proj_dim: int = 128  # output width of the projection head
     def __post_init__(self):
         if self.kernel not in KERNELS:
             raise UserError(f"unknown method.kernel {self.kernel!r}; choose one of: {', '.join(KERNELS)}")
@@ -75,8 +74,8 @@ class KernelInfoNCE(Method):
     distributed = True
     defaults = {"optim": {"name": "sgd", "lr": 0.06, "lr_batch": 256, "momentum": 0.9, "weight_decay": 5e-4}}  # SimCLR's
 
-    def __init__(self, encoder, params: KernelInfoNCEParams, num_samples: int = 0):
-        super().__init__(encoder, params, num_samples)
+    def __init__(self, encoder, params: KernelInfoNCEParams, num_samples: int = 0, ranks: Ranks = Ranks()):
+        super().__init__(encoder, params, num_samples, ranks)
         hidden = params.proj_hidden or encoder.dim
         self.projector = mlp([encoder.dim, hidden, params.proj_dim])
 
@@ -84,7 +83,7 @@ class KernelInfoNCE(Method):
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
         b = views[0].shape[0]
         z = F.normalize(self.projector(self.encoder(torch.cat(views[:2]))).float(), dim=1)  # [2B, proj_dim]
-        candidates = self.ranks.gather(z)  # [2BW, proj_dim] every rank's cat(view 1, view 2) (one process: z)
+        candidates, mine = self.ranks.everyone(z)  # [2BW, proj_dim] every rank's cat(view 1, view 2) (one process: z)
         s = scores(self.params, z, candidates)  # [2B, 2BW] log k(z_i, z_j)
-        loss = two_view_info_nce(s, b, 2 * b * self.ranks.rank)  # NT-Xent's targets: the other view; itself masked
+        loss = two_view_info_nce(s, b, mine.start)  # NT-Xent's targets: the other view; itself masked
         return {"loss": loss, "embedding_std": embedding_std(z[:b]), "mi_bound": mi_bound(loss, candidates.shape[0] - 1)}

@@ -28,20 +28,20 @@ from kontrast.encoders.target import MomentumTarget
 from kontrast.errors import UserError
 from kontrast.extract import mlp
 from kontrast.losses import Queue, info_nce, mi_bound
-from kontrast.methods.base import Method, Progress, embedding_std
+from kontrast.methods.base import embedding_std, Method, Progress, Ranks
 from kontrast.registry import METHODS
 from kontrast.similarity import moco_scores
 
 
 @dataclass(frozen=True)
 class MoCoV2Params:
-    temperature: float = checked(0.2, gt=0)
-    queue_size: int = checked(4096, ge=1)
-    momentum: float = checked(0.99, ge=0, le=1)
+    temperature: float = checked(0.2, gt=0)  # tau of the scores q.k / tau
+    queue_size: int = checked(4096, ge=1)  # K negatives kept from earlier batches' keys
+    momentum: float = checked(0.99, ge=0, le=1)  # the key encoder's EMA momentum
     proj_hidden: int = checked(2048, ge=0)  # 0 = a linear head (MoCo v1)
-    proj_dim: int = checked(128, ge=1)
+    proj_dim: int = checked(128, ge=1)  # output width of the projection head
     symmetric: bool = True  # loss on both (q1, k2) and (q2, k1)
-    proj_bn: bool = True  # BN in the head's hidden layer (see docstring)
+    proj_bn: bool = True  # BN in the head's hidden layer (not the paper's; without it the CIFAR ResNet collapses)
     bn_groups: int = checked(8, ge=1)  # shuffling-BN emulation: BN groups per view, as 8 GPUs (the authors' CIFAR demo)
     head_bn_groups: bool = True  # the head's BN in those groups too, as each GPU runs the whole network; False: over
     # the whole view (lightly's SplitBatchNorm sits in the backbone only; one process only)
@@ -68,8 +68,8 @@ class MoCoV2(Method):
     sync_bn = False  # shuffling BN: per-group statistics, the groups spread over the ranks (encoders/batchnorm.py)
     defaults = {"optim": {"name": "sgd", "lr": 0.06, "lr_batch": 256, "momentum": 0.9, "weight_decay": 5e-4}}
 
-    def __init__(self, encoder, params: MoCoV2Params, num_samples: int = 0):
-        super().__init__(encoder, params, num_samples)
+    def __init__(self, encoder, params: MoCoV2Params, num_samples: int = 0, ranks: Ranks = Ranks()):
+        super().__init__(encoder, params, num_samples, ranks)
         hidden = [params.proj_hidden] if params.proj_hidden else []
         self.projector = mlp([encoder.dim, *hidden, params.proj_dim], norm=params.proj_bn)
         self.target = MomentumTarget(self._online())

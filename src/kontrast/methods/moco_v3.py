@@ -26,20 +26,18 @@ from kontrast.encoders.batchnorm import grouped_forward
 from kontrast.encoders.target import MomentumTarget, cosine_momentum
 from kontrast.extract import mlp
 from kontrast.losses import info_nce, mi_bound
-from kontrast.methods.base import Method, Progress, embedding_std
+from kontrast.methods.base import embedding_std, Method, Progress, Ranks
 from kontrast.registry import METHODS
 from kontrast.similarity import cosine
 
 
 @dataclass(frozen=True)
 class MoCoV3Params:
-    temperature: float = 0.2
-    proj_hidden: int = 4096
-    proj_dim: int = 256
-    pred_hidden: int = 4096
-    base_momentum: float = 0.99
-
-
+    temperature: float = 0.2  # tau of the scores q.k / tau
+    proj_hidden: int = 4096  # hidden width of the projector MLP
+    proj_dim: int = 256  # output width of the projector and the predictor
+    pred_hidden: int = 4096  # hidden width of the predictor MLP
+    base_momentum: float = 0.99  # the momentum encoder's EMA momentum at the start, raised to 1 along a cosine
 def cross_entropy(q: torch.Tensor, k: torch.Tensor, temperature: float, offset: int = 0) -> torch.Tensor:
     """InfoNCE (plain cross-entropy) of queries ``q [B, D]`` over in-batch keys ``k [M, D]``; ``ctr`` is it x 2 tau.
 
@@ -59,8 +57,8 @@ class MoCoV3(Method):
     distributed = True
     defaults = {"optim": {"name": "lars", "lars_clip": True, "lr": 0.3, "weight_decay": 1e-6, "warmup_epochs": 10.0}}
 
-    def __init__(self, encoder, params: MoCoV3Params, num_samples: int = 0):
-        super().__init__(encoder, params, num_samples)
+    def __init__(self, encoder, params: MoCoV3Params, num_samples: int = 0, ranks: Ranks = Ranks()):
+        super().__init__(encoder, params, num_samples, ranks)
         self.projector = mlp([encoder.dim, params.proj_hidden, params.proj_dim], last_norm=True)
         self.predictor = mlp([params.proj_dim, params.pred_hidden, params.proj_dim])
         self.target = MomentumTarget(self._online())
@@ -76,8 +74,8 @@ class MoCoV3(Method):
         q = grouped_forward(self.predictor, z, 2)  # [2B, proj_dim] queries
         with torch.no_grad():
             k = grouped_forward(self.target.net, x, 2)  # [2B, proj_dim] keys
-        k1, k2 = self.ranks.gather(k[:b]), self.ranks.gather(k[b:])  # [BW, proj_dim] every rank's keys (one process: B)
-        offset = b * self.ranks.rank  # row of this rank's first key
+        (k1, mine), k2 = self.ranks.everyone(k[:b]), self.ranks.gather(k[b:])  # [BW, proj_dim] every rank's keys
+        offset = mine.start  # row of this rank's first key
         ce = (cross_entropy(q[:b], k2, p.temperature, offset) + cross_entropy(q[b:], k1, p.temperature, offset)) / 2
         loss = 4 * p.temperature * ce  # ctr(q1, k2) + ctr(q2, k1), each 2 tau x its cross-entropy
         # the bound from the plain cross-entropy (mean of the two directions, BW candidates each), not the loss

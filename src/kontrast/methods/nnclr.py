@@ -25,19 +25,18 @@ from kontrast.encoders.batchnorm import grouped_forward
 from kontrast.errors import UserError
 from kontrast.extract import mlp, nearest_neighbours
 from kontrast.losses import Queue, info_nce, mi_bound
-from kontrast.methods.base import Method, Progress, embedding_std
+from kontrast.methods.base import embedding_std, Method, Progress, Ranks
 from kontrast.registry import METHODS
 from kontrast.similarity import cosine
 
 
 @dataclass(frozen=True)
 class NNCLRParams:
-    temperature: float = checked(0.2, gt=0)
+    temperature: float = checked(0.2, gt=0)  # tau of the scores / tau
     queue_size: int = checked(65536, ge=1)  # the support set Q
-    proj_hidden: int = checked(2048, ge=1)
-    proj_dim: int = checked(256, ge=1)
-    pred_hidden: int = checked(4096, ge=1)
-
+    proj_hidden: int = checked(2048, ge=1)  # hidden width of the projector MLP
+    proj_dim: int = checked(256, ge=1)  # output width of the projector and the predictor
+    pred_hidden: int = checked(4096, ge=1)  # hidden width of the predictor MLP
     def validate(self, cfg) -> None:
         if self.queue_size < cfg.train.batch_size:
             raise UserError(f"config key 'method.queue_size' ({self.queue_size}) is smaller than the embeddings pushed "
@@ -52,8 +51,8 @@ class NNCLR(Method):
     distributed = True
     defaults = {"optim": {"name": "lars", "lars_clip": True, "lr": 0.4, "weight_decay": 1e-5, "warmup_epochs": 10.0}}
 
-    def __init__(self, encoder, params: NNCLRParams, num_samples: int = 0):
-        super().__init__(encoder, params, num_samples)
+    def __init__(self, encoder, params: NNCLRParams, num_samples: int = 0, ranks: Ranks = Ranks()):
+        super().__init__(encoder, params, num_samples, ranks)
         h, d = params.proj_hidden, params.proj_dim
         self.projector = nn.Sequential(*mlp([encoder.dim, h, h, d], bias_last=False), nn.BatchNorm1d(d))
         self.predictor = mlp([d, params.pred_hidden, d])
@@ -66,7 +65,7 @@ class NNCLR(Method):
         p = grouped_forward(self.predictor, z, 2)  # [2B, d] predictions
         nn1, nn2 = nearest_neighbours(z, self.queue.items).split(b)  # [B, d] each: NN(z1, Q), NN(z2, Q), no gradient
         p1, p2 = self.ranks.gather(p[:b]), self.ranks.gather(p[b:])  # [BW, d] every rank's predictions
-        positives = b * self.ranks.rank + torch.arange(b, device=z.device)  # [B] this rank's images among BW
+        positives = self.ranks.own(b).start + torch.arange(b, device=z.device)  # [B] this rank's images among BW
         loss = (info_nce(cosine(nn1, p2, tau), positives) + info_nce(cosine(nn2, p1, tau), positives)) / 2
         support = self.ranks.gather(F.normalize(z[:b].detach().float(), dim=1))  # [BW, d] view 1, for Q
         return {"loss": loss, "embedding_std": embedding_std(z[:b]), "mi_bound": mi_bound(loss, p1.shape[0]),

@@ -21,7 +21,7 @@ import torch
 from kontrast.config import checked
 from kontrast.extract import mlp
 from kontrast.losses import mi_bound, nt_xent
-from kontrast.methods.base import Method, Progress, embedding_std
+from kontrast.methods.base import embedding_std, Method, Progress, Ranks
 from kontrast.registry import METHODS
 
 VIEW_BN = ("per_view", "joint")
@@ -29,9 +29,9 @@ VIEW_BN = ("per_view", "joint")
 
 @dataclass(frozen=True)
 class SimCLRParams:
-    temperature: float = checked(0.5, gt=0)
+    temperature: float = checked(0.5, gt=0)  # tau of NT-Xent's scores cosine / tau
     proj_hidden: int = checked(0, ge=0)  # 0 = the encoder's feature dim, as in the paper
-    proj_dim: int = checked(128, ge=1)
+    proj_dim: int = checked(128, ge=1)  # output width of the projection head
     view_bn: str = checked("per_view", choices=VIEW_BN)  # BN statistics per view, or over both views
 
 
@@ -43,8 +43,8 @@ class SimCLR(Method):
     distributed = True
     defaults = {"optim": {"name": "sgd", "lr": 0.06, "lr_batch": 256, "momentum": 0.9, "weight_decay": 5e-4}}
 
-    def __init__(self, encoder, params: SimCLRParams, num_samples: int = 0):
-        super().__init__(encoder, params, num_samples)
+    def __init__(self, encoder, params: SimCLRParams, num_samples: int = 0, ranks: Ranks = Ranks()):
+        super().__init__(encoder, params, num_samples, ranks)
         hidden = params.proj_hidden or encoder.dim
         self.projector = mlp([encoder.dim, hidden, params.proj_dim])
 
@@ -59,10 +59,9 @@ class SimCLR(Method):
         tau, b = self.params.temperature, views[0].shape[0]
         z = self.embed(views[:2])  # [2B, proj_dim]: view 1 of every image, then view 2
         # on W ranks B is this rank's share; the candidates are every rank's views (one process: z itself)
-        candidates = self.ranks.gather(z)  # [2BW, proj_dim] cat(view 1, view 2) of each rank, in rank order
-        offset = 2 * b * self.ranks.rank  # column of this rank's first view
+        candidates, mine = self.ranks.everyone(z)  # [2BW, proj_dim] cat(view 1, view 2) of each rank, in rank order
         # NT-Xent (eq. 1) on the scores cosine(z, candidates) / tau, [2B, 2BW]: row i picks its image's other view,
         # itself masked; above 2^20 score entries nt_xent forms them in row blocks (the same value, losses/chunked.py)
-        loss = nt_xent(z[:b], z[b:], tau, candidates=candidates, offset=offset)
+        loss = nt_xent(z[:b], z[b:], tau, candidates=candidates, offset=mine.start)
         n = candidates.shape[0] - 1  # candidates per anchor: every view in the global batch but itself
         return {"loss": loss, "embedding_std": embedding_std(z[:b]), "mi_bound": mi_bound(loss, n)}

@@ -15,17 +15,17 @@ from dataclasses import dataclass
 from kontrast.config import checked
 from kontrast.errors import UserError
 from kontrast.extract import EncoderWithHead, mlp, split_mlp
-from kontrast.methods.base import Method
+from kontrast.methods.base import Method, Ranks
 from kontrast.methods.simclr import VIEW_BN, SimCLR
 from kontrast.registry import METHODS
 
 
 @dataclass(frozen=True)
 class SimCLRV2Params:
-    temperature: float = 0.5
+    temperature: float = 0.5  # tau of NT-Xent's scores cosine / tau
     proj_hidden: int = 0  # 0 = the encoder's feature dim, as in the paper
-    proj_dim: int = 128
-    proj_layers: int = 3
+    proj_dim: int = 128  # output width of the projection head
+    proj_layers: int = 3  # layers of the projection head (SimCLR v2: 3)
     keep_head_layers: int = 1  # head layers evaluated as part of the encoder (0 = none)
     view_bn: str = checked("per_view", choices=VIEW_BN)  # as SimCLR's
 
@@ -40,8 +40,8 @@ class SimCLRV2(SimCLR):
     description = "SimCLR v2: SimCLR with a 3-layer head, evaluated from its first layer (Chen et al. 2020)"
     Params = SimCLRV2Params
 
-    def __init__(self, encoder, params: SimCLRV2Params, num_samples: int = 0):
-        Method.__init__(self, encoder, params, num_samples)  # SimCLR's training_step, this head
+    def __init__(self, encoder, params: SimCLRV2Params, num_samples: int = 0, ranks: Ranks = Ranks()):
+        Method.__init__(self, encoder, params, num_samples, ranks)  # SimCLR's training_step, this head
         hidden = params.proj_hidden or encoder.dim
         head = mlp([encoder.dim, *[hidden] * (params.proj_layers - 1), params.proj_dim])
         kept, self.projector = split_mlp(head, params.keep_head_layers)

@@ -24,16 +24,16 @@ from dataclasses import dataclass
 import torch
 
 from kontrast.extract import mlp
-from kontrast.methods.base import Method, Progress, embedding_std
+from kontrast.methods.base import embedding_std, Method, Progress, Ranks
 from kontrast.registry import METHODS
 from kontrast.similarity import paired_cosine
 
 
 @dataclass(frozen=True)
 class SimSiamParams:
-    proj_hidden: int = 2048
-    proj_dim: int = 2048
-    pred_hidden: int = 512
+    proj_hidden: int = 2048  # hidden width of the projector MLP
+    proj_dim: int = 2048  # output width of the projector and the predictor
+    pred_hidden: int = 512  # hidden width of the predictor's bottleneck
     stop_gradient: bool = True  # False: the collapse ablation
     fix_pred_lr: bool = True  # the predictor's lr stays at the peak (paper section 4.1, the authors' --fix-pred-lr)
 
@@ -46,8 +46,8 @@ class SimSiam(Method):
     distributed = True  # no cross-rank samples in the loss: global BN and averaged gradients suffice
     defaults = {"optim": {"lr": 0.03, "weight_decay": 5e-4}, "encoder": {"zero_init_residual": True}}
 
-    def __init__(self, encoder, params: SimSiamParams, num_samples: int = 0):
-        super().__init__(encoder, params, num_samples)
+    def __init__(self, encoder, params: SimSiamParams, num_samples: int = 0, ranks: Ranks = Ranks()):
+        super().__init__(encoder, params, num_samples, ranks)
         self.projector = mlp([encoder.dim, params.proj_hidden, params.proj_dim], last_norm=True)
         self.predictor = mlp([params.proj_dim, params.pred_hidden, params.proj_dim])
         self.fixed_lr_modules = ("predictor",) if params.fix_pred_lr else ()

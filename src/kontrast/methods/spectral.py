@@ -17,17 +17,15 @@ import torch
 from kontrast.extract import mlp
 from kontrast.losses import spectral_loss_from_scores
 from kontrast.losses.spectral import clip_norm
-from kontrast.methods.base import Method, Progress, embedding_std
+from kontrast.methods.base import embedding_std, Method, Progress, Ranks
 from kontrast.registry import METHODS
 
 
 @dataclass(frozen=True)
 class SpectralParams:
-    mu: float = 1.0
-    proj_hidden: int = 2048
-    proj_dim: int = 1000
-
-
+    mu: float = 1.0  # the outputs' norms are clipped to sqrt(mu); the loss is divided by mu
+    proj_hidden: int = 2048  # hidden width of the projector MLP
+    proj_dim: int = 1000  # output width of the projector
 @METHODS.register("spectral")
 class Spectral(Method):
     description = "Spectral contrastive loss: contrastive learning as spectral clustering (HaoChen et al. 2021)"
@@ -36,8 +34,8 @@ class Spectral(Method):
     distributed = True  # the negatives' squared scores against every rank's second views (gathered)
     defaults = {"optim": {"lr": 0.03, "weight_decay": 5e-4, "warmup_epochs": 10.0}}
 
-    def __init__(self, encoder, params: SpectralParams, num_samples: int = 0):
-        super().__init__(encoder, params, num_samples)
+    def __init__(self, encoder, params: SpectralParams, num_samples: int = 0, ranks: Ranks = Ranks()):
+        super().__init__(encoder, params, num_samples, ranks)
         self.projector = mlp([encoder.dim, params.proj_hidden, params.proj_dim], last_norm=True)
 
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
@@ -46,8 +44,7 @@ class Spectral(Method):
         z = self.projector(self.encoder(torch.cat(views[:2])))  # [2B, proj_dim], not normalised
         z1, z2 = clip_norm(z[:b].float(), mu), clip_norm(z[b:].float(), mu)  # [B, D] each, norms at most sqrt(mu)
         positive = (z1 * z2).sum(1)  # [B] f(x_i).f(x_i+)
-        candidates = self.ranks.gather(z2)  # [BW, D] every rank's second views (one process: z2)
+        candidates, mine = self.ranks.everyone(z2)  # [BW, D] every rank's second views (one process: z2)
         scores = z1 @ candidates.T  # [B, BW] f(x_i).f(x_j+); off the positives the independent pairs (x, x-)
-        offset = b * self.ranks.rank  # column of this rank's first positive
-        loss = spectral_loss_from_scores(positive, scores, mu, offset)  # (-2 E[f(x).f(x+)] + E[(f(x).f(x-))^2]) / mu
+        loss = spectral_loss_from_scores(positive, scores, mu, mine.start)  # (-2 E[f(x).f(x+)] + E[(f(x).f(x-))^2]) / mu
         return {"loss": loss, "embedding_std": embedding_std(z[:b])}

@@ -31,22 +31,22 @@ from kontrast.errors import UserError
 from kontrast.extract import Prototypes, mlp
 from kontrast.losses import Queue
 from kontrast.losses.swav import sinkhorn, swapped_prediction
-from kontrast.methods.base import Method, Progress, embedding_std
+from kontrast.methods.base import embedding_std, Method, Progress, Ranks
 from kontrast.precision import float32
 from kontrast.registry import METHODS
 
 
 @dataclass(frozen=True)
 class SwAVParams:
-    temperature: float = checked(0.1, gt=0)
-    num_prototypes: int = checked(3000, ge=1)
-    proj_hidden: int = checked(2048, ge=1)
-    proj_dim: int = checked(128, ge=1)
-    sinkhorn_epsilon: float = checked(0.05, gt=0)
-    sinkhorn_iterations: int = checked(3, ge=1)
+    temperature: float = checked(0.1, gt=0)  # tau of the prototype scores' softmax
+    num_prototypes: int = checked(3000, ge=1)  # K prototypes (the codes' classes)
+    proj_hidden: int = checked(2048, ge=1)  # hidden width of the projector MLP
+    proj_dim: int = checked(128, ge=1)  # output width of the projector (the prototypes' dimension)
+    sinkhorn_epsilon: float = checked(0.05, gt=0)  # entropy weight of the Sinkhorn-Knopp codes (smaller: sharper)
+    sinkhorn_iterations: int = checked(3, ge=1)  # Sinkhorn-Knopp iterations per batch
     queue_size: int = checked(3840, ge=0)  # per global crop; 0 = no queue
-    queue_start_epochs: float = checked(50.0, ge=0)
-    freeze_prototypes_epochs: float = checked(2.0, ge=0)
+    queue_start_epochs: float = checked(50.0, ge=0)  # from this epoch on, earlier features join the codes' problem
+    freeze_prototypes_epochs: float = checked(2.0, ge=0)  # epochs during which the prototypes get no gradient
     global_views: int = checked(2, ge=1)  # the first views of the recipe are the global crops (the codes' source)
 
     def validate(self, cfg) -> None:
@@ -68,8 +68,8 @@ class SwAV(Method):
     distributed = True  # the transport over every rank's samples (gathered scores), the queue of every rank's
     retired_state = ("steps",)  # the step counter older versions kept; epochs now come from progress
 
-    def __init__(self, encoder, params: SwAVParams, num_samples: int = 0):
-        super().__init__(encoder, params, num_samples)
+    def __init__(self, encoder, params: SwAVParams, num_samples: int = 0, ranks: Ranks = Ranks()):
+        super().__init__(encoder, params, num_samples, ranks)
         self.projector = mlp([encoder.dim, params.proj_hidden, params.proj_dim])
         self.prototypes = Prototypes(params.proj_dim, params.num_prototypes)
         self.queues = nn.ModuleList(Queue(params.queue_size, params.proj_dim) for _ in range(params.global_views)
@@ -83,7 +83,7 @@ class SwAV(Method):
         frozen = self.num_samples > 0 and epochs < p.freeze_prototypes_epochs
         with float32(z):  # scores and codes in float32 (exp(s / ε) is sensitive)
             scores = self.prototypes(z.float(), frozen=frozen).view(n_views, b, -1)  # [V, B, K] cos(z, c_k)
-            codes, mine = [], slice(self.ranks.rank * b, (self.ranks.rank + 1) * b)  # this rank's rows of the batch
+            codes, mine = [], self.ranks.own(b)  # this rank's rows of the batch
             for a in range(p.global_views):
                 s = self.ranks.gather(scores[a].detach())  # [BW, K] every rank's samples share the prototypes
                 if self.queues and int(self.queues[a].filled) == p.queue_size:  # a full queue joins the transport

@@ -25,18 +25,16 @@ from kontrast.extract import LocalProjection
 from kontrast.losses import mi_bound, score_penalty
 from kontrast.losses.local import locations, positional_nce
 from kontrast.methods.amdim import AMDIM_OPTIM
-from kontrast.methods.base import Method, Progress
+from kontrast.methods.base import Method, Progress, Ranks
 from kontrast.registry import METHODS
 from kontrast.similarity import scaled_dot, soft_clip
 
 
 @dataclass(frozen=True)
 class YADIMParams:
-    n_rkhs: int = checked(1024, ge=1)
-    clip: float = checked(20.0, gt=0)
-    score_reg: float = checked(0.05, ge=0)
-
-
+    n_rkhs: int = checked(1024, ge=1)  # R, the width of the embedding heads
+    clip: float = checked(20.0, gt=0)  # scores are soft-clipped to c tanh(s / c)
+    score_reg: float = checked(0.05, ge=0)  # weight of the penalty on the squared raw scores
 @METHODS.register("yadim")
 class YADIM(Method):
     description = "YADIM: CPC+AMDIM views, AMDIM encoder, last map, dot product, NCE (Falcon & Cho 2020)"
@@ -45,8 +43,8 @@ class YADIM(Method):
     defaults = {"encoder": {"name": "amdim"}, "optim": AMDIM_OPTIM}
     distributed = True
 
-    def __init__(self, encoder, params: YADIMParams, num_samples: int = 0):
-        super().__init__(encoder, params, num_samples)
+    def __init__(self, encoder, params: YADIMParams, num_samples: int = 0, ranks: Ranks = Ranks()):
+        super().__init__(encoder, params, num_samples, ranks)
         last = encoder.map_dims[-1] if hasattr(encoder, "map_dims") else encoder.dim
         self.head = LocalProjection(last, params.n_rkhs)
 
@@ -61,7 +59,7 @@ class YADIM(Method):
         f = self.head(self._last_map(torch.cat(views[:2])))  # [2B, R, h, w]
         g = f.mean(dim=(2, 3))  # [2B, R]
         n_loc, world = f.shape[2] * f.shape[3], self.ranks.world  # L locations per image; W ranks of B images
-        images = self.ranks.rank * b + torch.arange(b, device=g.device)  # [B] each anchor row's image among the BW
+        images = self.ranks.own(b).start + torch.arange(b, device=g.device)  # [B] each anchor row's image among the BW
         losses, regs, bounds = [], [], []
         for src, trg in ((slice(0, b), slice(b, 2 * b)), (slice(b, 2 * b), slice(0, b))):
             target = self.ranks.gather(f[trg])  # [BW, R, h, w] every rank's maps of the other view (one process: B)

@@ -1,9 +1,15 @@
-"""Training room: everything that knows about devices, time and the disk.
+"""Training room: everything that knows about devices, processes, time and the disk.
 
-    loop.py     fit: data -> method -> steps -> checkpoints, metrics, kNN monitor
-    step.py     train_step: one optimizer step, shared by fit, the benchmarks and the tests
-    guards.py   non-finite guard, collapse monitor, signal stop
-    rundir.py   the run directory: markers, metric log, generator states
-    optim.py    SGD / LARS / AdamW and the per-step lr schedule
-    faults.py   fault-injection hooks of the reliability tests (no-ops by default)
+    plan.py         plan_run: every decision of a run, once; build_run: method, optimizer, data, step context
+    loop.py         fit: plan -> build -> steps -> checkpoints, emitting the loop's events
+    events.py       the events and the Listener base class
+    runlog.py       listener: metric log, progress bar, warnings, collapse watch
+    monitor.py      listener: kNN monitor
+    faults.py       listener: fault injection of the reliability tests (KONTRAST_FAULTS)
+    step.py         train_step: one optimizer step, shared by fit, the benchmarks and the tests
+    data_path.py    the memory and the streaming data paths, batches per epoch
+    guards.py       non-finite guard, collapse monitor, signal stop
+    rundir.py       the run directory: markers, metric log file, generator states
+    optim.py        SGD / LARS / AdamW and the per-step lr schedule
+    distributed.py  process group, gathers with gradient, global BN, gradient averaging
 """

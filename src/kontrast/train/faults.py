@@ -1,8 +1,8 @@
 """Fault injection for the reliability tests: crashes, signals and NaNs at chosen steps.
 
-A hook object handed to :func:`kontrast.train.fit` (and by it to the checkpoint writer):
-:class:`NoFaults` does nothing and is the default; :class:`Faults` injects what
-``KONTRAST_FAULTS`` asks for (the CLI builds it with :meth:`Faults.from_env`), a
+A listener of the training loop's events (:mod:`kontrast.train.events`), handed to
+:func:`kontrast.train.fit` among its listeners: :class:`NoFaults` does nothing; :class:`Faults` injects
+what ``KONTRAST_FAULTS`` asks for (the CLI builds it with :meth:`Faults.from_env`), a
 comma-separated list of ``name=value``:
 
 * ``kill_after_step=N``: ``SIGKILL`` this process right after step N (before any checkpoint
@@ -25,6 +25,8 @@ import json
 import os
 import signal
 
+from kontrast.train.events import Listener
+
 ENV_VAR = "KONTRAST_FAULTS"
 
 
@@ -38,26 +40,14 @@ def parse(text: str | None = None) -> dict[str, str]:
     return out
 
 
-class NoFaults:
-    """The hooks of a normal run: every one a no-op."""
+class NoFaults(Listener):
+    """The hooks of a normal run: none."""
 
     enabled = False
 
-    def poison(self, step: int, loss):
-        return loss
-
-    def trace(self, step: int, epoch: int, indices) -> None:
-        pass
-
-    def after_step(self, step: int) -> None:
-        pass
-
-    def in_checkpoint(self, step: int) -> None:
-        pass
-
 
 class Faults(NoFaults):
-    """The faults named in ``spec`` (see the module doc)."""
+    """The faults named in ``spec`` (see the module doc), as a listener of the loop's events."""
 
     def __init__(self, spec: dict[str, str]):
         self.enabled = bool(spec)
@@ -77,16 +67,33 @@ class Faults(NoFaults):
             return NoFaults()  # the faults are another rank's
         return cls(spec) if spec else NoFaults()
 
-    def poison(self, step: int, loss):
-        """``loss`` as NaN when step ``step`` (1-based) is one to poison."""
-        return loss * float("nan") if step in self.nan_steps else loss
+    def run_start(self, loop) -> None:
+        """``nan_at_step``: the method's loss is NaN at those steps (1-based), as a diverging run's would be."""
+        if not self.nan_steps:
+            return
+        method = loop.ctx.method
+        forward = method.training_step
 
-    def trace(self, step: int, epoch: int, indices) -> None:
-        if self.trace_path:
-            with open(self.trace_path, "a") as f:
-                f.write(json.dumps({"step": step, "epoch": epoch, "indices": indices.tolist()}) + "\n")
+        def poisoned(views, indices=None, progress=None):
+            out = forward(views, indices, progress)
+            if progress is not None and progress.step + 1 in self.nan_steps:
+                out["loss"] = out["loss"] * float("nan")
+            return out
 
-    def after_step(self, step: int) -> None:
+        method.training_step = poisoned  # this run's method object only
+
+    def step_start(self, loop, epoch: int, indices, batch) -> None:
+        """``trace``: the step's samples on this process (its slice of the global batch on several)."""
+        if not self.trace_path:
+            return
+        ranks = loop.ranks
+        if ranks.world > 1 and batch is None:  # the memory path hands every rank the global batch
+            indices = indices[ranks.own(len(indices) // ranks.world)]
+        with open(self.trace_path, "a") as f:
+            f.write(json.dumps({"step": loop.step + 1, "epoch": epoch, "indices": indices.tolist()}) + "\n")
+
+    def step_end(self, loop, result) -> None:
+        step = loop.step
         if step == self.kill_after:
             os.kill(os.getpid(), signal.SIGKILL)
         if step == self.signal_after and self.signal_group:
@@ -94,7 +101,7 @@ class Faults(NoFaults):
         elif step == self.signal_after:
             os.kill(os.getpid(), self.signal)
 
-    def in_checkpoint(self, step: int) -> None:
+    def checkpoint_writing(self, loop, step: int) -> None:
         """Called halfway through writing checkpoint ``step``."""
         if step == self.kill_in_checkpoint:
             os.kill(os.getpid(), signal.SIGKILL)

@@ -3,29 +3,26 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 
-from kontrast.config import Config
 from kontrast.data import load_images
 from kontrast.data.stream_source import StreamSource, is_shard_spec
 from kontrast.errors import UserError
 from kontrast.evaluate.protocol import evaluate_encoder
-from kontrast.methods.build import view_specs
-from kontrast.train.rundir import MetricLog
-from kontrast.train.step import StepContext
+from kontrast.train.events import Listener
+from kontrast.train.plan import RunPlan
 
 
-@dataclass
-class KnnMonitor:
-    """kNN top-1 of the encoder on held-out data at epoch ends (``train.knn_every``)."""
+class KnnMonitor(Listener):
+    """kNN top-1 of the encoder on held-out data: of the untrained encoder at a run's start, then at the end of every
+    ``train.knn_every``-th epoch and of the last (rank 0 only; the baseline every later figure is read against)."""
 
-    cfg: Config
-    ctx: StepContext
-    train: object
-    test: object
+    def __init__(self, plan: RunPlan, train, test):
+        self.plan, self.train, self.test = plan, train, test
 
     @classmethod
-    def create(cls, cfg: Config, data, ctx: StepContext) -> "KnnMonitor | None":
+    def create(cls, plan: RunPlan, data) -> "KnnMonitor | None":
+        """The monitor of a run on ``data`` (its training split), or None: off, unlabelled, or no test split."""
+        cfg = plan.cfg
         tc = cfg.train
         if not tc.knn_every or data.labels is None:
             return None
@@ -39,14 +36,23 @@ class KnnMonitor:
             return None
         if isinstance(data, StreamSource):  # the streaming path: the monitor's bank decoded whole, at most knn_max_train
             data = data.decoded(tc.knn_max_train, cfg.data.size, seed=tc.seed)
-        return cls(cfg, ctx, data, test.subset(tc.knn_max_test, seed=tc.seed))
+        return cls(plan, data, test.subset(tc.knn_max_test, seed=tc.seed))
 
-    def __call__(self, epoch: int, step: int, log: MetricLog, bar) -> None:
-        specs = view_specs(self.cfg, self.ctx.method)
-        mean, std = (specs[0].mean, specs[0].std) if specs else (None, None)  # sequences: not normalised
-        res = evaluate_encoder(self.ctx.method.encoder, self.train, self.test, self.cfg.eval, mean=mean, std=std,
-                               device=str(self.ctx.device), precision=self.cfg.train.precision, linear=False,
-                               max_train=self.cfg.train.knn_max_train)
-        log.write(step, {"epoch": epoch, "knn_top1": res["knn_top1"]})
-        bar.write(f"epoch {epoch}: kNN top-1 {res['knn_top1']:.4f}")
-        self.ctx.method.train()
+    def run_start(self, loop) -> None:
+        if loop.start_step == 0:
+            self.measure(loop, 0)
+
+    def epoch_end(self, loop, epoch: int) -> None:
+        tc = self.plan.cfg.train
+        if (epoch + 1) % tc.knn_every == 0 or epoch + 1 == tc.epochs:
+            self.measure(loop, epoch + 1)
+
+    def measure(self, loop, epoch: int) -> None:
+        views, cfg, method = self.plan.views, self.plan.cfg, loop.ctx.method
+        mean, std = (views[0].mean, views[0].std) if views else (None, None)  # sequences: not normalised
+        res = evaluate_encoder(method.encoder, self.train, self.test, cfg.eval, mean=mean, std=std,
+                               device=str(loop.ctx.device), precision=cfg.train.precision, linear=False,
+                               max_train=cfg.train.knn_max_train)
+        loop.events.emit("record", loop, {"epoch": epoch, "knn_top1": res["knn_top1"]},
+                         f"epoch {epoch}: kNN top-1 {res['knn_top1']:.4f}")
+        method.train()

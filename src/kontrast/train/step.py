@@ -23,7 +23,6 @@ from kontrast.augment import derive_key
 from kontrast.methods.base import Method, Progress, Ranks
 from kontrast.precision import autocast
 from kontrast.train.distributed import average_gradients
-from kontrast.train.faults import NoFaults
 from kontrast.train.guards import NonFiniteGuard
 
 PHASES = ("data_augment", "forward_loss", "backward", "guard", "optimizer", "after_step")
@@ -56,7 +55,6 @@ class StepContext:
     precision: str = "fp32"
     channels_last: bool = False
     nonfinite: str = "stop"  # or "skip"
-    faults: NoFaults = NoFaults()
     ranks: Ranks = Ranks()  # one process unless the run was launched on several (train/distributed.py)
 
 
@@ -91,7 +89,6 @@ def train_step(ctx: StepContext, indices: torch.Tensor, epoch_key: torch.Tensor,
     if ranks.world > 1 and batch is None:  # a stream batch is this rank's already
         b = len(indices) // ranks.world
         indices = indices[ranks.rank * b:(ranks.rank + 1) * b]  # [B / W] this rank's slice
-    ctx.faults.trace(step + 1, progress.epoch, indices)
     idx = indices.to(ctx.device)
     inputs = ctx.images[idx] if batch is None else [v.to(ctx.device, non_blocking=True) for v in batch.views]
     views = ctx.make_views(inputs, idx, epoch_key) if ctx.make_views else [inputs]
@@ -101,8 +98,6 @@ def train_step(ctx: StepContext, indices: torch.Tensor, epoch_key: torch.Tensor,
     lap("data_augment")
     with autocast(ctx.device, ctx.precision):
         out = method.training_step(views, idx, progress)
-    if ctx.faults.enabled:
-        out["loss"] = ctx.faults.poison(step + 1, out["loss"])
     lap("forward_loss")
     ctx.optimizer.zero_grad(set_to_none=True)
     out["loss"].backward()

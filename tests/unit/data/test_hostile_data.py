@@ -152,7 +152,7 @@ def test_strict_mode_refuses_before_step_one(hostile, tmp_path, capsys):
 
 def test_skip_mode_trains_on_finite_three_channel_views(hostile, tmp_path, monkeypatch, capsys):
     """Every batch of views the model receives is finite, float and 3-channel."""
-    import kontrast.train.loop as loop
+    import kontrast.train.plan as plan  # where the run's view pipeline is made
 
     seen = []
 
@@ -166,8 +166,8 @@ def test_skip_mode_trains_on_finite_three_channel_views(hostile, tmp_path, monke
 
         return checked_views
 
-    real = loop.view_maker
-    monkeypatch.setattr(loop, "view_maker", checked_maker)
+    real = plan.view_maker
+    monkeypatch.setattr(plan, "view_maker", checked_maker)
     threads = torch.get_num_threads()
     with pytest.warns(UserWarning, match=f"skipped {len(BAD)} unreadable"):
         code = main(["train", "--data", str(hostile), "--out", str(tmp_path / "run"), "--batch-size", "8",

@@ -12,14 +12,15 @@ from collections import Counter
 import pytest
 import torch
 
-from kontrast.augment import RECIPES, SampleRNG, derive_key, key_tensor, make_views, view_maker
+from kontrast.augment import RECIPES, SampleRNG, derive_key, key_tensor, make_views
 from kontrast.bench.augment import resolved_recipe
 from kontrast.losses import info_nce_chunked, moco_loss, nt_xent
 from kontrast.methods.base import Progress
-from kontrast.methods.build import create_method, resolve, view_specs
-from kontrast.train.guards import NonFiniteGuard
-from kontrast.train.optim import create_optimizer
-from kontrast.train.step import StepContext, train_step
+from kontrast.data import Samples
+from kontrast.methods.build import resolve
+from kontrast.train.data_path import TrainData
+from kontrast.train.plan import build_run, plan_run
+from kontrast.train.step import train_step
 
 HOST_READS = {"aten::item", "aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::is_nonzero"}
 
@@ -52,13 +53,11 @@ def test_losses_forward_and_backward_on_meta():
 def _step_counts(method_name: str, batch: int) -> Counter:
     """Operator calls (by name) of one training step as the loop runs it (``train_step``: views,
     forward + loss, backward, guard, optimizer, after_step); the second step is counted (the first warms up)."""
-    cfg = resolve({"method": {"name": method_name}, "encoder": {"width": 0.0625}, "train": {"batch_size": batch}})
-    torch.manual_seed(0)
-    method = create_method(cfg, num_samples=64)
+    cfg = resolve({"method": {"name": method_name}, "encoder": {"width": 0.0625},
+                   "train": {"batch_size": batch, "device": "cpu", "precision": "fp32", "channels_last": False}})
     images = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
-    ctx = StepContext(method=method, optimizer=create_optimizer(method, cfg.optim, batch), images=images,
-                      make_views=view_maker(view_specs(cfg, method)), lrs=[0.1, 0.1], peak_lr=0.1, seed=0,
-                      device=torch.device("cpu"), guard=NonFiniteGuard(method, torch.device("cpu")))
+    ctx, _, _ = build_run(plan_run(cfg), train=TrainData(Samples(images, None, [], "random"), line=""))
+    ctx.lrs = [0.1, 0.1]
     key = key_tensor(derive_key("augment", 0, 0))
 
     def step(i: int) -> None:

@@ -65,17 +65,17 @@ def check_fields(obj: Any, prefix: str) -> None:
 class DataConfig:
     source: str = "shapes"  # "shapes", an ImageFolder dir, a .tar(.gz), a CIFAR folder
     size: int = checked(32, ge=4)  # training resolution (pixels)
-    skip_bad_images: bool = False
-    cache_dir: str | None = None
+    skip_bad_images: bool = False  # an unreadable image is replaced by another (and reported), not a stop
+    cache_dir: str | None = None  # decoded-dataset cache (null: $KONTRAST_CACHE, else ~/.cache/kontrast)
     limit: int = checked(0, ge=0)  # train on a fixed random subset of this many images (0 = all)
-    mode: str = checked("auto", choices=("auto", "memory", "stream"))  # kontrast.train.data_path
+    mode: str = checked("auto", choices=("auto", "memory", "stream"))  # auto: memory when the decoded set fits memory_budget, else stream
     workers: int = checked(2, ge=0)  # stream: DataLoader worker processes that decode (0 = in the loop's process)
     memory_budget: float = checked(0.25, gt=0, le=1)  # auto: memory path when the decoded set fits this share of RAM
 
 
 @dataclass(frozen=True)
 class AugmentConfig:
-    recipe: str | None = None  # None = the method's own recipe (see kontrast.augment.RECIPES)
+    recipe: str | None = None  # null: the method's own recipe at data.size
     view: Mapping[str, Any] = field(default_factory=dict)  # ViewSpec fields set on every view
 
 
@@ -86,18 +86,18 @@ class EncoderConfig:
     width: float = checked(1.0, gt=0)  # channel multiplier (vit_*: head dim 64 x width, a multiple of 8)
     zero_init_residual: bool = False  # each residual block starts as the identity (last BN gamma = 0; kontrast ResNets)
     torch_init: bool = False  # kontrast ResNets: convs keep PyTorch's default init (as lightly's), not Kaiming fan-out
-    depth: int | None = checked(None, ge=1)  # vit_*: blocks (None: 12); amdim: blocks per stage (None: 3)
-    patch_size: int | None = checked(None, ge=1)  # vit_* only (None: 4 up to 64 px, 8 up to 128, else 16)
+    depth: int | None = checked(None, ge=1)  # vit_*: blocks (null: 12); amdim: blocks per stage (null: 3)
+    patch_size: int | None = checked(None, ge=1)  # vit_* only (null: 4 up to 64 px, 8 up to 128, else 16)
     freeze_patch_embed: bool = False  # vit_* only: MoCo v3's frozen random patch projection
     weights: str | None = None  # start from a local state_dict: torchvision / timm file or a `kontrast export` folder
 
 
 @dataclass(frozen=True)
 class OptimConfig:  # fallbacks: each method states its recipe's optimizer in Method.defaults
-    name: str = checked("sgd", choices=("sgd", "lars", "adamw"))
+    name: str = checked("sgd", choices=("sgd", "lars", "adamw"))  # the optimizer
     lr: float = checked(0.06, gt=0)  # per `lr_batch` images; scaled linearly with batch size
-    lr_batch: int = checked(256, ge=1)
-    momentum: float = checked(0.9, ge=0, lt=1)
+    lr_batch: int = checked(256, ge=1)  # the batch size `lr` is given for
+    momentum: float = checked(0.9, ge=0, lt=1)  # sgd and lars
     weight_decay: float = checked(5e-4, ge=0)  # never applied to norms and biases
     warmup_epochs: float = checked(0.0, ge=0)  # linear warm-up, then cosine to min_lr
     min_lr: float = checked(0.0, ge=0, le=1)  # as a fraction of the peak lr
@@ -108,15 +108,15 @@ class OptimConfig:  # fallbacks: each method states its recipe's optimizer in Me
 
 @dataclass(frozen=True)
 class TrainConfig:
-    epochs: int = checked(10, ge=1)
-    batch_size: int = checked(256, ge=2)  # contrastive losses need at least one other sample
-    seed: int = checked(0, ge=0)
-    precision: str = checked("auto", choices=PRECISIONS)  # auto: bf16 where native, else fp32 (kontrast.precision)
-    channels_last: bool | str = checked("auto", choices=(True, False, "auto"))  # auto: kontrast.precision
+    epochs: int = checked(10, ge=1)  # passes over the training set
+    batch_size: int = checked(256, ge=2)  # the global batch, every process's share together (contrastive losses need 2+)
+    seed: int = checked(0, ge=0)  # every random draw of the run derives from it
+    precision: str = checked("auto", choices=PRECISIONS)  # auto: bf16 where the device computes it natively, else fp32
+    channels_last: bool | str = checked("auto", choices=(True, False, "auto"))  # auto: on where bf16 is native and on CPUs, unless a layer is unsafe in it
     sync_bn: bool = True  # on several processes: BN statistics over the global batch (docs/distributed.md)
     bind_cores: bool = True  # several CPU processes on one node: each on its own cores, where they fit (docs/distributed.md)
     compile: bool = False  # torch.compile the encoder and the view pipeline (docs/performance.md §6; the first step compiles for minutes)
-    device: str = checked("auto", pattern=r"auto|cpu|cuda(:\d+)?|mps")
+    device: str = checked("auto", pattern=r"auto|cpu|cuda(:\d+)?|mps")  # auto: CUDA where there is one, else the CPU
     log_every: int = checked(10, ge=1)  # steps between metric lines
     knn_every: int = checked(0, ge=0)  # epochs between kNN monitors (0 = off)
     knn_max_train: int = checked(10000, ge=1)  # kNN monitor bank size cap (speed)
@@ -132,10 +132,10 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class EvalConfig:
-    knn_k: int = checked(200, ge=1)
-    knn_temperature: float = checked(0.1, gt=0)
-    linear_epochs: int = checked(100, ge=0)
-    batch_size: int = checked(512, ge=1)
+    knn_k: int = checked(200, ge=1)  # neighbours of the weighted kNN classifier (Wu et al. 2018)
+    knn_temperature: float = checked(0.1, gt=0)  # the kNN vote weights exp(cosine / this)
+    linear_epochs: int = checked(100, ge=0)  # epochs of the linear probe on frozen features (0 = no probe)
+    batch_size: int = checked(512, ge=1)  # feature-extraction batch of the evaluation
 
 
 @dataclass(frozen=True)

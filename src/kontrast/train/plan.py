@@ -1,0 +1,195 @@
+"""The run plan: every decision of a training run, made once, from the resolved config and the machine.
+
+:func:`plan_run` decides what the config leaves to the machine: the device, the precision and memory layout
+(``auto``, and why), the data path (``data.mode: auto``, and why; several processes agree on one), the view
+recipe and the views at ``data.size``, the encoder's constructor arguments. The :class:`RunPlan` is frozen. Its
+config holds every decided value and is written to ``RUN/config.yaml`` with the plan beside it (``plan:``), so a
+resume and every reader of the run take the decisions from there (:func:`read_run_config`); its lines are
+printed at the start of the run. :func:`build_run` makes from a plan what :func:`kontrast.train.loop.fit` steps
+through: the data, the method, the optimizer, the lr schedule and the step context.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+import yaml
+
+from kontrast.augment import ViewSpec, recipe_views, view_maker
+from kontrast.checkpoint import PLAN_KEY, RUN_CONFIG
+from kontrast.config import Config, to_dict
+from kontrast.data import batch_indices
+from kontrast.data.sources import absolute_source
+from kontrast.errors import UserError
+from kontrast.methods.base import Progress, Ranks
+from kontrast.methods.build import build_encoder_args, check_inputs, check_size, create_method, encoder_layers, run_recipe
+from kontrast.precision import choose_precision
+from kontrast.registry import METHODS
+from kontrast.train import distributed
+from kontrast.train.data_path import TrainData, choose_mode, load_train_data
+from kontrast.train.guards import NonFiniteGuard
+from kontrast.train.optim import create_optimizer, lr_schedule, peak_lr
+from kontrast.train.step import StepContext
+
+def resolve_device(name: str) -> torch.device:
+    """``train.device`` as a device: ``auto`` is CUDA where there is one, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"device {name!r} requested but no CUDA device is available; use --set train.device=cpu")
+    return torch.device(name)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A run's decisions. ``cfg`` is resolved, with absolute paths and no ``auto`` left in precision,
+    channels_last and data.mode; the rest is what the machine and the config together fix."""
+
+    cfg: Config
+    device: str  # this process's device: "cpu", "cuda:1" (each rank of a node takes its own GPU)
+    rank: int
+    world: int  # processes of the run; the global batch is cfg.train.batch_size
+    numerics: str  # the line saying which precision and memory layout, and why
+    data_why: str  # why this data path
+    recipe: str | None  # the views' recipe at data.size; None for a sequence method (it gets the raw batch)
+    views: tuple[ViewSpec, ...]  # () for a sequence method
+    encoder: dict  # the encoder's constructor arguments (kontrast.methods.build.build_encoder_args)
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device(self.device)
+
+    def lines(self) -> list[str]:
+        """The start-up lines: numerics, and the views where the recipe is not the method's own at this size."""
+        lines = [self.numerics]
+        native = self.cfg.augment.recipe or METHODS.get(self.cfg.method.name).recipe
+        if self.recipe is not None and self.recipe != native:
+            lines.append(f"views: {self.recipe!r}, the ImageNet version of {native!r} at data.size "
+                         f"{self.cfg.data.size} (set augment.recipe={native} to keep the CIFAR-scale one)")
+        return lines
+
+    def to_dict(self) -> dict:
+        """The ``plan:`` section of ``RUN/config.yaml`` (the config sections hold the decided values)."""
+        views = [{k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(s).items()}
+                 for s in self.views]
+        return {"device": self.device, "world": self.world, "numerics": self.numerics, "data": self.data_why,
+                "recipe": self.recipe, "encoder": dict(self.encoder), "views": views}
+
+
+def plan_run(cfg: Config, ranks: Ranks = Ranks()) -> RunPlan:
+    """The plan of ``cfg`` (resolved: :func:`kontrast.methods.build.resolve`) on this machine, as rank
+    ``ranks.rank`` of ``ranks.world``; with several processes the data path is one for all of them."""
+    device = distributed.local_device(resolve_device(cfg.train.device))
+    distributed.check_world(cfg, ranks.world)
+    cfg = absolute_paths(cfg)
+    precision, layout, numerics = choose_precision(cfg.train.precision, cfg.train.channels_last, device,
+                                                   encoder_layers(cfg))
+    cfg = replace(cfg, train=replace(cfg.train, precision=precision, channels_last=layout))
+    cfg, data_why = choose_mode(cfg, device)
+    if ranks.world > 1 and cfg.data.mode != "stream" and distributed.max_over_ranks(int(cfg.data.mode == "stream")):
+        cfg = replace(cfg, data=replace(cfg.data, mode="stream"))  # one path for all: a node's budget is short
+        data_why += "; streamed because another process's memory budget is too small"
+    cls = METHODS.get(cfg.method.name)
+    recipe = run_recipe(cfg, cls) if cls.recipe is not None else None
+    if recipe is None and (cfg.augment.recipe or cfg.augment.view):
+        raise UserError(f"method {cfg.method.name} takes no image augmentation; remove the augment settings")
+    views = _views(cfg, recipe) if recipe else ()
+    return RunPlan(cfg=cfg, device=str(device), rank=ranks.rank, world=ranks.world, numerics=numerics,
+                   data_why=data_why, recipe=recipe, views=views, encoder=build_encoder_args(cfg))
+
+
+def _views(cfg: Config, recipe: str) -> tuple[ViewSpec, ...]:
+    """``recipe``'s views at ``data.size``; where a view cannot be made at that size (AMDIM's translation), the
+    one line :func:`~kontrast.methods.build.check_size` gives, naming the smallest size that works."""
+    try:
+        return recipe_views(recipe, cfg.data.size, cfg.augment.view)
+    except UserError:
+        check_size(cfg, create_method(cfg, pretrained=False))  # the error path only: a method to ask its limits
+        raise
+
+
+def absolute_paths(cfg: Config) -> Config:
+    """``cfg`` with its paths on disk (data source, cache, initial weights) absolute, as config.yaml keeps them."""
+    weights = cfg.encoder.weights and str(Path(cfg.encoder.weights).expanduser().absolute())
+    cache = cfg.data.cache_dir and str(Path(cfg.data.cache_dir).expanduser().absolute())
+    return replace(cfg, data=replace(cfg.data, source=absolute_source(cfg.data.source), cache_dir=cache),
+                   encoder=replace(cfg.encoder, weights=weights))
+
+
+def write_run_config(plan: RunPlan, run_dir: Path) -> None:
+    """``RUN/config.yaml``: the config's sections (every decided value) and the plan beside them
+    (:func:`kontrast.checkpoint.read_run_config` reads both)."""
+    body = {**to_dict(plan.cfg), PLAN_KEY: plan.to_dict()}
+    (Path(run_dir) / RUN_CONFIG).write_text(yaml.safe_dump(body, sort_keys=False))
+
+
+@dataclass
+class Schedule:
+    """The run's length: ``steps_per_epoch`` full batches (the last partial one is dropped)."""
+
+    num_samples: int
+    steps_per_epoch: int
+    total_steps: int
+
+    def progress(self, step: int, epoch: int) -> Progress:
+        return Progress(step=step, epoch=epoch, total_steps=self.total_steps, steps_per_epoch=self.steps_per_epoch)
+
+
+def build_run(plan: RunPlan, ranks: Ranks = Ranks(), *, resume: bool = False,
+              train: TrainData | None = None) -> tuple[StepContext, Schedule, TrainData]:
+    """The data, method, optimizer, lr schedule and step context of ``plan`` (nothing on disk yet).
+
+    ``resume``: the method's weights come from the checkpoint, not ``encoder.weights``. ``train``: the
+    training data when the caller holds it already (``kontrast bench``: one set for every method).
+    """
+    cfg, tc, device = plan.cfg, plan.cfg.train, plan.torch_device
+    train = train if train is not None else _load_data(plan)
+    n = len(train)
+    steps_per_epoch = len(batch_indices(n, tc.batch_size, 0, tc.seed))
+    schedule = Schedule(n, steps_per_epoch, tc.epochs * steps_per_epoch)
+    method = _build_method(plan, ranks, train.data, resume)
+    optimizer = create_optimizer(method, cfg.optim, tc.batch_size)
+    peak = peak_lr(cfg.optim, tc.batch_size)
+    warmup = round(cfg.optim.warmup_epochs * steps_per_epoch)
+    ctx = StepContext(
+        method=method, optimizer=optimizer, images=None if train.stream else train.data.x.to(device),  # memory: all
+        make_views=view_maker(plan.views, compile=tc.compile, cropped=train.stream is not None) if plan.views else None,
+        lrs=lr_schedule(peak, schedule.total_steps, warmup, cfg.optim.min_lr).tolist(), peak_lr=peak,
+        seed=tc.seed, device=device, guard=NonFiniteGuard(method, device), precision=tc.precision,
+        channels_last=tc.channels_last, nonfinite=tc.nonfinite, ranks=ranks)
+    return ctx, schedule, train
+
+
+def _load_data(plan: RunPlan) -> TrainData:
+    """The training split on the plan's path; rank 0 decodes and caches first, the others then map its entry."""
+    if plan.rank > 0:
+        distributed.barrier()
+    train = load_train_data(plan.cfg, plan.torch_device, plan.data_why)
+    if plan.rank == 0:
+        print(train.line, flush=True)  # stdout: stderr stays for errors and warnings
+        if plan.world > 1:
+            distributed.barrier()
+    return train
+
+
+def _build_method(plan: RunPlan, ranks: Ranks, data, resume: bool):
+    """The method on the plan's device, layout and ranks, bound to its data and checked against it."""
+    cfg, tc = plan.cfg, plan.cfg.train
+    torch.manual_seed(tc.seed)
+    method = create_method(cfg, num_samples=len(data), pretrained=not resume, ranks=ranks).to(plan.torch_device)
+    if ranks.world > 1 and tc.sync_bn and method.sync_bn:
+        distributed.global_batch_norm(method)  # BN statistics of the global batch, as on one process
+    if tc.channels_last:
+        method = method.to(memory_format=torch.channels_last)
+    if tc.compile:  # in place (nn.Module.compile): same parameters and state_dict keys, checkpoints unchanged
+        method.encoder.compile()  # (the view pipeline is compiled too: build_run's view_maker)
+    note = method.bind_data(data)  # per-sample data beside the images (CLIP's captions); None for most methods
+    if note:
+        print(note, file=sys.stderr)
+    check_inputs(method, data)
+    check_size(cfg, method)  # views too small for the encoder or the method: one line, before any step
+    return method

@@ -1,0 +1,102 @@
+"""The run plan: the config resolved once per run, the plan made once per process that trains, both kept in
+RUN/config.yaml and read back from there."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+import kontrast.methods.build as build
+import kontrast.train.loop as loop
+from kontrast.checkpoint import read_run_config
+from kontrast.methods.build import create_method, resolve, view_specs
+from kontrast.train.plan import plan_run
+from support.args import TINY
+from support.cli import cli_run
+
+
+@pytest.fixture
+def calls(monkeypatch, tmp_path) -> Path:
+    """A file with a line ``<what> <pid>`` for every config resolution and every run plan. The wrappers are
+    inherited by the processes ``--nproc`` forks from this one, so theirs are counted too."""
+    log = tmp_path / "calls.txt"
+    log.touch()
+
+    def counted(name, real):
+        def wrapper(*args, **kwargs):
+            with open(log, "a") as f:
+                f.write(f"{name} {os.getpid()}\n")
+            return real(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(build, "resolve", counted("resolve", build.resolve))
+    monkeypatch.setattr(loop, "plan_run", counted("plan", loop.plan_run))
+    return log
+
+
+def _counts(log: Path) -> dict[str, dict[int, int]]:
+    out: dict[str, dict[int, int]] = {"resolve": {}, "plan": {}}
+    for line in log.read_text().splitlines():
+        what, pid = line.split()
+        out[what][int(pid)] = out[what].get(int(pid), 0) + 1
+    return out
+
+
+def _train(out: Path, *extra: str):
+    return cli_run(["train", "--method", "simclr", "--data", "shapes:32", "--epochs", "1", "--batch-size", "16",
+                    "--out", str(out), *TINY, "--set", "train.device=cpu", *extra])
+
+
+def test_one_process_resolves_once_and_plans_once(calls, tmp_path):
+    r = _train(tmp_path / "run")
+    assert r.returncode == 0, r.stderr
+    assert _counts(calls) == {"resolve": {os.getpid(): 1}, "plan": {os.getpid(): 1}}
+
+
+def test_two_processes_resolve_once_and_plan_once_each(calls, tmp_path):
+    r = _train(tmp_path / "run", "--nproc", "2")
+    assert r.returncode == 0, r.stderr
+    counts = _counts(calls)
+    assert counts["resolve"] == {os.getpid(): 1}  # the launcher's; its processes read what it resolved
+    assert os.getpid() not in counts["plan"] and sorted(counts["plan"].values()) == [1, 1]  # one plan per rank
+    raw, plan = read_run_config(tmp_path / "run")
+    assert plan["world"] == 2 and raw["data"]["mode"] == "memory"
+
+
+def test_the_plan_is_kept_in_config_yaml_and_a_resume_keeps_its_decisions(tmp_path):
+    run = tmp_path / "run"
+    first = _train(run)
+    assert first.returncode == 0, first.stderr
+    raw, plan = read_run_config(run)
+    assert "plan" not in raw and raw["train"]["precision"] in ("fp32", "bf16")  # decided, not "auto"
+    assert raw["data"]["mode"] == "memory" and raw["data"]["source"] == "shapes:32"  # decided; a built-in set
+    assert plan["numerics"] in first.stdout and plan["device"] == "cpu" and plan["world"] == 1
+    assert plan["recipe"] == "simclr_cifar" and [v["size"] for v in plan["views"]] == [16, 16]
+    assert plan["encoder"] == {"name": "resnet18", "stem": None, "width": 0.125}
+    cfg = resolve(raw)  # what the readers (eval, embed, export, report) do
+    method = create_method(cfg)
+    assert [dataclasses.asdict(v) for v in view_specs(cfg, method)] == \
+        [{k: tuple(x) if isinstance(x, list) else x for k, x in v.items()} for v in plan["views"]]
+    again = cli_run(["train", "--out", str(run), "--resume", "--epochs", "2", "--no-progress"])
+    assert again.returncode == 0, again.stderr
+    raw2, plan2 = read_run_config(run)
+    assert raw2["train"]["epochs"] == 2 and {k: v for k, v in raw2["train"].items() if k != "epochs"} == \
+        {k: v for k, v in raw["train"].items() if k != "epochs"}
+    same = ("device", "world", "recipe", "views", "encoder")  # the decisions (the words say why, now)
+    assert {k: plan2[k] for k in same} == {k: plan[k] for k in same}
+
+
+def test_plan_run_decides_every_auto_once(tmp_path):
+    cfg = resolve({"data": {"source": "shapes:64", "size": 64}, "encoder": {"width": 0.125}})
+    plan = plan_run(cfg)
+    assert (cfg.train.precision, cfg.train.channels_last, cfg.data.mode) == ("auto", "auto", "auto")
+    assert plan.cfg.train.precision in ("fp32", "bf16") and isinstance(plan.cfg.train.channels_last, bool)
+    assert plan.cfg.data.mode == "memory" and plan.data_why.startswith("auto:")
+    assert plan.recipe == "simclr_imagenet" and any(line.startswith("views: 'simclr_imagenet'") for line in plan.lines())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.device = "cuda"  # type: ignore[misc]
+    assert yaml.safe_load(yaml.safe_dump(plan.to_dict()))["views"][0]["size"] == 64
