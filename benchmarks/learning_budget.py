@@ -1,6 +1,6 @@
 """How small a learning test's budget can be: the learning check of tests/learning over several seeds.
 
-For each method, trains with its benchmarks/short_budget.yaml entry (overridden by --epochs / --limit), as
+For each method, trains with its configs/short_budget.yaml entry (overridden by --epochs / --limit), as
 ``tests/learning/test_learning.py`` does, for each seed, and prints the figures the test checks: the loss
 over the first and last logged windows, the kNN of the untrained and the trained encoder, the wall time, and
 whether the test's checks pass (loss falls; kNN above twice chance and 0.01 above the untrained encoder).
@@ -40,7 +40,7 @@ def main() -> None:
     p.add_argument("--precision", choices=("auto", "fp32", "bf16"), help="override the entry's precision")
     p.add_argument("--out", help="append one JSON line per run to this file")
     args = p.parse_args()
-    budgets = yaml.safe_load((ROOT / "benchmarks/short_budget.yaml").read_text())
+    budgets = yaml.safe_load((ROOT / "configs/short_budget.yaml").read_text())
     for entry in args.methods.split(","):
         name, base = EXTRA_BUDGETS.get(entry, (entry, budgets.get(entry)))
         if base is None:

@@ -1,7 +1,7 @@
 """The docs/results.md table: every method on CIFAR-10 with the same short budget, one row each.
 
 Each method trains through the CLI (`kontrast train`, the exact command is printed in its row) with
-the settings of benchmarks/short_budget.yaml, then `kontrast eval` scores the encoder on the full
+the settings of configs/short_budget.yaml, then `kontrast eval` scores the encoder on the full
 split (weighted kNN k=200 and a linear probe on 50k/10k). Beside it: kNN of the same encoder
 before training (same seed, same initialisation) and of raw pixels.
 
@@ -41,7 +41,7 @@ from kontrast.methods import METHODS
 from kontrast.methods.build import create_method, resolve, view_specs
 
 ROOT = Path(__file__).resolve().parents[1]
-BUDGET = yaml.safe_load((ROOT / "benchmarks/short_budget.yaml").read_text())
+BUDGET = yaml.safe_load((ROOT / "configs/short_budget.yaml").read_text())
 
 
 SECTIONS = ("method", "encoder", "optim", "augment")  # a short_budget.yaml entry's config overlay (`test:` is the test's own)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Every figure of docs/performance.md in one sitting: benchmarks/vs_peer.py --json (kontrast bench's sections,
-# the peer beside ours, issue 7's targets) at width 0.25, then the full-width training comparison, each
+# Every figure of docs/lab/performance.md in one sitting: benchmarks/vs_peer.py --json (kontrast bench's sections,
+# the peer beside ours, the speed targets) at width 0.25, then the full-width training comparison, each
 # written to benchmarks/results/. Run it on a quiet machine.
 #   PEER_VENV, PEER_DATA: where benchmarks/setup_peer.sh put the peer (default runs/peer/venv, runs/peer/data)
 #   BENCH_DATA: our training source (default ../shared/data/cifar10-jpeg.tar.gz beside the repo, else shapes)

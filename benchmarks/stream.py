@@ -1,4 +1,4 @@
-"""The streaming data path against its targets (docs/performance.md, "Streaming"), on this machine.
+"""The streaming data path against its targets (docs/lab/performance.md, "Streaming"), on this machine.
 
 From the repository root, on a quiet machine (DIR: any folder outside the repository; PEER: the peer's venv python,
 benchmarks/setup_peer.sh):

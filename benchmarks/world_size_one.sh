@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14: the distributed path at world size 1 against a plain process, on one device: the same SimCLR
+# The distributed path at world size 1 against a plain process, on one device: the same SimCLR
 # run started directly and under torchrun (one rank: nccl on CUDA, gloo on CPU). Prints both runs'
 # images/s (median of the logged windows after the first) and their ratio. Called by gpu.sh on a GPU;
 # on this CPU (5 min; measured 0.98 with gloo): DEVICE=cpu DATA=shapes:4096 bash benchmarks/world_size_one.sh

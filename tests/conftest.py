@@ -44,3 +44,17 @@ def _restore_torch_threads():
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def tiny_simclr_run(tmp_path_factory) -> Path:
+    """One finished tiny run for the tests that only read a run (export, report) or damage a copy of it
+    (checkpoints): SimCLR on 32 shapes at 16 px, width 0.125, batch 16, 2 epochs of 2 steps (checkpoints step-2
+    and step-4), the kNN monitor every epoch, one CPU thread. Built once per test process; copy it before
+    writing anything into it."""
+    from support.args import train_command
+    from support.cli import in_process
+
+    out = tmp_path_factory.mktemp("shared") / "simclr"
+    assert in_process(train_command(out, method="simclr", settings=["train.knn_every=1"])) == 0
+    return out

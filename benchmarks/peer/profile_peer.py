@@ -1,4 +1,4 @@
-"""The peer baseline's SimCLR step, phase by phase (issue 19): the step of ../shared/bench/lightly_simclr.py with timers.
+"""The peer baseline's SimCLR step, phase by phase: the step of ../shared/bench/lightly_simclr.py with timers.
 
 Same pieces as that script (torchvision ImageFolder + lightly's SimCLRTransform in a DataLoader with no workers,
 lightly's ResNetGenerator with its CIFAR stem, SimCLRProjectionHead, NTXentLoss at tau 0.5, SGD); each phase

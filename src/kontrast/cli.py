@@ -35,13 +35,43 @@ def _train_config(args):
 
 
 def _show_config(args) -> int:
-    """``kontrast config``: the resolved configuration, every key with what it is (a file ``--config`` reads)."""
+    """``kontrast config``: the resolved configuration, every key with what it is (a file ``--config`` reads);
+    ``--reference``: every command and every key of every method, as Markdown (docs/reference.md)."""
     from kontrast.config.keys import describe
     from kontrast.config.load import assemble
     from kontrast.methods.build import resolve
 
+    if args.reference:
+        print(_reference())
+        return 0
     print(describe(resolve(assemble(config_file=args.config, method=args.method, sets=args.set))))
     return 0
+
+
+def _reference() -> str:
+    """docs/reference.md: the commands, the config sections' keys, and each method's keys and defaults."""
+    from kontrast.cli_args import commands_markdown
+    from kontrast.config import SECTIONS
+    from kontrast.config.keys import keys_markdown, yaml_value
+    from kontrast.methods import METHODS
+
+    out = ["# Reference", "", "What this page answers: every command with its options, and every configuration key "
+           "with its default and what it is. Generated from the code by `kontrast config --reference > "
+           "docs/reference.md`; a test keeps it current. `kontrast config --method M` prints one method's resolved "
+           "configuration with the same descriptions.", "", "## Commands", "", commands_markdown(build_parser()),
+           "## Configuration", "", "Order (later wins): these defaults, the method's own (below each method), "
+           "`--config FILE`, the command's flags, `--set section.key=value`.", ""]
+    for name, cls in SECTIONS.items():
+        if name != "method":
+            out += [f"### {name}", "", keys_markdown(cls, name), ""]
+    out += ["## Methods", "", "`method.name` picks one; its keys follow.", ""]
+    for name in METHODS.names():
+        cls = METHODS.get(name)
+        own = "; ".join(f"`{s}.{k}={yaml_value(v)}`" for s, values in cls.defaults.items() for k, v in values.items())
+        out += [f"### {name}", "", cls.description + ".", ""]
+        out += [f"Sets: {own}.", ""] if own else []
+        out += [keys_markdown(cls.Params, "method"), ""]
+    return "\n".join(out).rstrip("\n")
 
 
 ERRORS_ENV = "KONTRAST_LAUNCH_ERRORS"  # set by --nproc's launcher for its workers: a folder for their input errors

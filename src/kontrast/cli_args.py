@@ -183,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--method", help="method name (see `kontrast methods`); default simclr")
     c.add_argument("--config", help="YAML recipe (see configs/)")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. optim.lr=0.1")
+    c.add_argument("--reference", action="store_true", help="every command and every key of every method, as Markdown")
     c = sub.add_parser("captions", help="write a JSONL of image paths + captions made from an ImageFolder's class names")
     c.add_argument("--data", required=True, help="ImageFolder directory (class sub-folders)")
     c.add_argument("--out", required=True, help="output .jsonl (image paths relative to its folder)")
@@ -196,3 +197,28 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--epochs", type=int, help="pretraining epochs (default: demo.yaml's)")
     d.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
+
+
+def commands_markdown(parser: argparse.ArgumentParser) -> str:
+    """Every command of ``parser`` with its options and their help, as Markdown (docs/reference.md)."""
+    out = []
+    for name, sub, text in _commands(parser, "kontrast"):
+        out += [f"### `{name}`", "", f"{text}." if text else "", ""]
+        rows = [(", ".join(f"`{o}`" for o in a.option_strings), sub._get_formatter()._expand_help(a) if a.help else "")
+                for a in sub._actions if a.option_strings and a.dest != "help"]
+        if rows:
+            out += ["| option | what it does |", "|---|---|", *(f"| {o} | {h.replace('|', chr(92) + '|')} |" for o, h in rows), ""]
+    return "\n".join(out)
+
+
+def _commands(parser: argparse.ArgumentParser, prefix: str):
+    """``(command line, its parser, its help)`` of every leaf command under ``parser``, in the order declared."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help or "" for a in action._choices_actions}
+            for name, sub in action.choices.items():
+                nested = any(isinstance(a, argparse._SubParsersAction) for a in sub._actions)
+                if nested:
+                    yield from _commands(sub, f"{prefix} {name}")
+                else:
+                    yield f"{prefix} {name}", sub, helps.get(name, "")

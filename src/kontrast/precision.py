@@ -7,7 +7,7 @@ AMX or AVX512-BF16 -- and fp32 elsewhere, because on a CPU without them bf16 aut
 slower than fp32 (SimCLR, ResNet-18 width 0.5, batch 384: 34 against 40 images/s).
 ``train.channels_last: auto`` is on for every CPU (oneDNN's convolutions run in NHWC: on that CPU,
 ResNet-18 forward + backward in fp32 ran 1.0-1.3x faster per view, 1.1-1.7x as one 2B batch, widths 1 to
-0.25, docs/performance.md section 10) and, elsewhere, where bf16 is
+0.25, docs/lab/performance.md section 10) and, elsewhere, where bf16 is
 native (it was measured faster together with bf16 there) -- except for an encoder with a layer that
 oneDNN's NHWC backward corrupts (:func:`channels_last_hazard`): there ``auto`` stays in NCHW and ``true``
 is a one-line error.
@@ -68,7 +68,7 @@ def channels_last_hazard(encoder: nn.Module | None) -> str | None:
     ResNet-18 below width 0.25 has such a layer (``layer2.0.downsample.0``: 8 input channels at 0.125).
     With 16 or more input channels the NHWC weight gradients equal the NCHW ones (largest relative
     difference 3.5e-7 over 744 shapes: 16-128 input and output channels, batches 1-255 odd ones
-    included, 4-32 px; docs/performance.md section 10).
+    included, 4-32 px; docs/lab/performance.md section 10).
     """
     for name, conv in (encoder.named_modules() if encoder is not None else ()):
         if not (isinstance(conv, nn.Conv2d) and conv.kernel_size == (1, 1)):

@@ -48,19 +48,12 @@ def snapshot(run: Path) -> dict[str, bytes]:
     return {str(p.relative_to(run)): p.read_bytes() for p in run.rglob("*") if p.is_file()}
 
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ckpt") / "run"
-    threads = torch.get_num_threads()
-    assert main(train_args(out)) == 0  # 2 epochs of 2 steps: checkpoints step-2 and step-4
-    torch.set_num_threads(threads)
-    return out
-
-
 @pytest.fixture
-def run(finished_run, tmp_path) -> Path:
+def run(tiny_simclr_run, tmp_path) -> Path:
+    """A copy of the shared finished run (``train_args``'s settings, the kNN monitor on; 2 epochs of 2 steps:
+    checkpoints step-2 and step-4)."""
     copy = tmp_path / "run"
-    shutil.copytree(finished_run, copy)
+    shutil.copytree(tiny_simclr_run, copy)
     return copy
 
 

@@ -1,6 +1,6 @@
 """Every method learns: a short run on CIFAR-10 whose loss falls and whose kNN beats chance and the untrained encoder.
 
-The budgets (epochs, images, per-method settings) are in benchmarks/short_budget.yaml, shared with the results table.
+The budgets (epochs, images, per-method settings) are in configs/short_budget.yaml, shared with the results table.
 """
 
 import json
@@ -20,7 +20,7 @@ IMAGE_METHODS = [name for name in METHODS.names() if METHODS.get(name).recipe is
 
 
 # Short-budget settings per method, shared with the results table (benchmarks/results.py).
-SHORT_BUDGET = yaml.safe_load((ROOT / "benchmarks/short_budget.yaml").read_text())
+SHORT_BUDGET = yaml.safe_load((ROOT / "configs/short_budget.yaml").read_text())
 
 
 def test_every_image_method_has_short_budget_settings():
@@ -39,7 +39,7 @@ def test_learning(name, tmp_path, shared_cifar_tar):
     moves with rounding: BYOL's by 0.04 between 1 and 2 threads): 15 s to 3 minutes on 2 cores. The kNN monitor reads a fixed 2000-image subset of the test split. The loss test
     compares the mean of the first and the last ``loss_window`` logged losses (3 unless the entry says otherwise),
     counted from epoch ``loss_from_epoch`` (0 unless the entry says otherwise: InfoMin's first-epoch loss is
-    scored against a queue that lags behind contracting embeddings; see benchmarks/short_budget.yaml).
+    scored against a queue that lags behind contracting embeddings; see configs/short_budget.yaml).
     """
     _learns(name, SHORT_BUDGET[name], tmp_path, shared_cifar_tar)
 

@@ -100,7 +100,7 @@ def view_maker(specs: Sequence[ViewSpec], compile: bool = False, cropped: bool =
     the loop's batches all have one size); pass the key as :func:`~kontrast.augment.rng.key_tensor` so
     a new epoch's key does not recompile. Same views either way, up to float rounding of fused ops.
     Recipes with RandAugment stay eager: compiled, InfoMin's views ran at half the eager speed
-    (docs/performance.md §6). ``cropped``: ``images`` is a list of crops per view made at decode time
+    (docs/lab/performance.md §6). ``cropped``: ``images`` is a list of crops per view made at decode time
     (the streaming path), and :func:`make_cropped_views` applies the rest."""
     specs, make = tuple(specs), make_cropped_views if cropped else make_views
 

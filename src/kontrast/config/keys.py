@@ -50,7 +50,7 @@ def _own_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def _value(value) -> str:
+def yaml_value(value) -> str:
     """``value`` as YAML on one line (a list in brackets, a string quoted where YAML needs it)."""
     return yaml.safe_dump([value], default_flow_style=True, width=1 << 16).strip()[1:-1]
 
@@ -64,7 +64,7 @@ def describe(cfg: Config) -> str:
         out.append(f"{section}:")
         for key, value in values.items():
             doc = METHOD_NAME if (section, key) == ("method", "name") else docs.get(key, "")
-            line = f"  {key}: {_value(value)}"
+            line = f"  {key}: {yaml_value(value)}"
             out.append(f"{line:<36s} # {doc}" if doc else line)
     return "\n".join(out)
 
@@ -76,3 +76,21 @@ def undocumented(cfg: Config) -> list[str]:
         docs = field_docs(type(cfg.method.params) if section == "method" else SECTIONS[section])
         missing += [f"{section}.{key}" for key in values if key not in docs and (section, key) != ("method", "name")]
     return missing
+
+
+def keys_markdown(cls: type, prefix: str) -> str:
+    """A Markdown table of dataclass ``cls``'s keys (``prefix.key``), their defaults and descriptions."""
+    docs = field_docs(cls)
+    rows = [f"| `{prefix}.{f.name}` | `{yaml_value(_default(f))}` | {_cell(docs.get(f.name, ''))} |"
+            for f in dataclasses.fields(cls)]
+    return "\n".join(["| key | default | what it is |", "|---|---|---|", *rows])
+
+
+def _default(f: dataclasses.Field):
+    value = f.default_factory() if f.default is dataclasses.MISSING else f.default
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _cell(text: str) -> str:
+    """``text`` inside a Markdown table cell (its pipes escaped)."""
+    return text.replace("|", "\\|")

@@ -115,7 +115,7 @@ class TrainConfig:
     channels_last: bool | str = checked("auto", choices=(True, False, "auto"))  # auto: on where bf16 is native and on CPUs, unless a layer is unsafe in it
     sync_bn: bool = True  # on several processes: BN statistics over the global batch (docs/distributed.md)
     bind_cores: bool = True  # several CPU processes on one node: each on its own cores, where they fit (docs/distributed.md)
-    compile: bool = False  # torch.compile the encoder and the view pipeline (docs/performance.md §6; the first step compiles for minutes)
+    compile: bool = False  # torch.compile the encoder and the view pipeline (docs/lab/performance.md §6; the first step compiles for minutes)
     device: str = checked("auto", pattern=r"auto|cpu|cuda(:\d+)?|mps")  # auto: CUDA where there is one, else the CPU
     log_every: int = checked(10, ge=1)  # steps between metric lines
     knn_every: int = checked(0, ge=0)  # epochs between kNN monitors (0 = off)

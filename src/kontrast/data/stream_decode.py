@@ -8,7 +8,7 @@ the view's side. The box is drawn exactly as the memory path draws it on the dev
 decodes it, nor on the batch, nor on where a run resumed. The device then applies the rest of the recipe,
 drawing from the same per-(sample, view) stream after the crop's draws (``view_maker(..., cropped=True)``).
 
-Two decoders, each where it was measured faster (docs/performance.md, "Streaming"): when every crop of the image
+Two decoders, each where it was measured faster (docs/lab/performance.md, "Streaming"): when every crop of the image
 is at least 2x (4x, 8x) the view's side, PIL's JPEG draft mode has libjpeg decode at 1/2 (1/4, 1/8) scale,
 skipping most of the inverse DCT work, and ``Image.resize`` with a box resizes each crop (antialiased bilinear);
 a JPEG that must be decoded at full scale goes to ``torchvision.io.decode_jpeg`` and torchvision's antialiased

@@ -17,7 +17,7 @@ recomputes each block's scores to form the softmax-weighted gradients
 so peak extra memory is ``chunk x M`` floats, linear in the batch for a fixed chunk. The
 price is one more matmul per block in the backward pass and ceil(N / chunk) kernel calls
 instead of one. ``nt_xent`` switches to this form above ``CHUNKED_ABOVE`` score entries
-(measured in docs/performance.md).
+(measured in docs/lab/performance.md).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from kontrast.precision import at_least_float32, float32
 
 CHUNK_ROWS = 1024  # anchors per block: chunk x M scores live at once
 # nt_xent uses the blocked form when N x M exceeds this (SimCLR batches above 512): on one CPU thread it
-# was 1.5x faster than the dense form at batch 512 and break-even at batch 256 (docs/performance.md,
+# was 1.5x faster than the dense form at batch 512 and break-even at batch 256 (docs/lab/performance.md,
 # `kontrast bench --sections loss`); below it the dense form is as fast and is the simplest reference.
 CHUNKED_ABOVE = 1 << 20
 

@@ -37,3 +37,12 @@ def test_a_mistyped_key_is_one_line(capsys):
     assert main(["config", "--set", "optim.lrr=1"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: unknown config key 'optim.lrr' (did you mean 'optim.lr'?)") and "\n" not in err
+
+
+def test_the_reference_page_is_current(capsys):
+    """docs/reference.md is `kontrast config --reference`: every command and every key, from the code."""
+    from support import ROOT
+
+    assert main(["config", "--reference"]) == 0
+    assert capsys.readouterr().out == (ROOT / "docs/reference.md").read_text(), \
+        "regenerate it: kontrast config --reference > docs/reference.md"

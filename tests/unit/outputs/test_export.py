@@ -24,11 +24,10 @@ def train(out, width: float) -> None:
     assert main(["train", "--method", "simclr", "--out", str(out), "--set", f"encoder.width={width}", *TINY]) == 0
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("export") / "run"
-    train(out, 0.125)
-    return out
+@pytest.fixture
+def tiny_run(tiny_simclr_run):
+    """The shared finished SimCLR run (width 0.125, 16 px, 2 epochs of 2 steps); the export tests only read it."""
+    return tiny_simclr_run
 
 
 def torchvision_twin(info: dict) -> nn.Module:
@@ -47,8 +46,8 @@ def test_export_round_trip_gives_the_same_features(tiny_run, tmp_path):
     assert info["format"] == "kontrast" and info["loads_in_torchvision"] is False and info["torchvision"] is None
     assert (info["encoder"], info["stem"], info["width"], info["feature_dim"]) == ("resnet18", "cifar", 0.125, 64)
     assert info["input_size"] == 16 and len(info["mean"]) == len(info["std"]) == 3
-    assert info["method"] == "simclr" and info["step"] == 2 and info["epoch"] == 1
-    assert info["run"] == str(tiny_run.resolve()) and info["checkpoint"].endswith("step-00000002")
+    assert info["method"] == "simclr" and info["step"] == 4 and info["epoch"] == 2
+    assert info["run"] == str(tiny_run.resolve()) and info["checkpoint"].endswith("step-00000004")
     _, method, _ = load_run(tiny_run)
     encoder = load_backbone(tmp_path / "backbone")
     assert not encoder.training and encoder.mean == info["mean"] and encoder.input_size == 16
@@ -145,7 +144,7 @@ def test_overwrite_replaces_an_export_and_failures_leave_nothing(tiny_run, tmp_p
     with pytest.raises(OSError):
         export_backbone(tiny_run, out, overwrite=True)
     assert {p.name for p in tmp_path.iterdir()} == {"out"}  # no half-written folder, the old export kept
-    assert load_backbone(out).info["step"] == 2
+    assert load_backbone(out).info["step"] == 4
 
 
 def test_simclr_v2_exports_the_backbone_without_its_kept_head_layer(tmp_path):

@@ -110,7 +110,7 @@ def test_train_compile_compiles_the_encoder_in_place_and_the_views(tmp_path, mon
 
 
 def test_randaugment_views_are_not_compiled():
-    """Compiled, InfoMin's RandAugment views ran at half the eager speed (docs/performance.md §6)."""
+    """Compiled, InfoMin's RandAugment views ran at half the eager speed (docs/lab/performance.md §6)."""
     from kontrast.augment import get_recipe, view_maker
 
     assert not hasattr(view_maker(get_recipe("infomin"), compile=True), "_torchdynamo_orig_callable")
