@@ -120,6 +120,7 @@ def _launch(nproc: int, argv: list[str], cfg) -> int:
     except SignalException as exc:  # SIGTERM / SIGINT to the launcher: torchrun passed it on and waited for them
         import signal
 
+        _say_errors(Path(errors.name))  # a process that failed on its way out (rare) said why in the folder
         print(f"stopped: {signal.Signals(exc.sigval).name} to the launcher; every process checkpointed after its "
               f"step and stopped; continue with --resume", file=sys.stderr)
         return 128 + int(exc.sigval)
