@@ -9,7 +9,7 @@ TORCH := torch==2.14.1 torchvision==0.29.1
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --no-compile $(TORCH)  # bytecode is compiled on first import, for the modules used
+	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q -e ".[test]"
 	touch $(STAMP)
 
