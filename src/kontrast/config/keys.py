@@ -59,8 +59,7 @@ def describe(cfg: Config) -> str:
     """The resolved ``cfg`` as YAML, each key with its description as a comment: a file ``--config`` reads back."""
     out = []
     for section, values in to_dict(cfg).items():
-        cls = type(cfg.method.params) if section == "method" else SECTIONS[section]
-        docs = field_docs(cls) if cls is not type(None) else {}
+        docs = _section_docs(cfg, section)
         out.append(f"{section}:")
         for key, value in values.items():
             doc = METHOD_NAME if (section, key) == ("method", "name") else docs.get(key, "")
@@ -69,11 +68,17 @@ def describe(cfg: Config) -> str:
     return "\n".join(out)
 
 
+def _section_docs(cfg: Config, section: str) -> dict[str, str]:
+    """The descriptions of one section's keys (the method section's are its Params')."""
+    cls = type(cfg.method.params) if section == "method" else SECTIONS[section]
+    return field_docs(cls) if dataclasses.is_dataclass(cls) else {}
+
+
 def undocumented(cfg: Config) -> list[str]:
     """Keys of ``cfg`` without a description (the schema's and the method's): a test keeps this empty."""
     missing = []
     for section, values in to_dict(cfg).items():
-        docs = field_docs(type(cfg.method.params) if section == "method" else SECTIONS[section])
+        docs = _section_docs(cfg, section)
         missing += [f"{section}.{key}" for key in values if key not in docs and (section, key) != ("method", "name")]
     return missing
 

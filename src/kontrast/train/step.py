@@ -87,8 +87,7 @@ def train_step(ctx: StepContext, indices: torch.Tensor, epoch_key: torch.Tensor,
     torch.manual_seed(step_seed(ctx.seed, step))
     ranks = ctx.ranks
     if ranks.world > 1 and batch is None:  # a stream batch is this rank's already
-        b = len(indices) // ranks.world
-        indices = indices[ranks.rank * b:(ranks.rank + 1) * b]  # [B / W] this rank's slice
+        indices = indices[ranks.own(len(indices) // ranks.world)]  # [B / W] this rank's slice
     idx = indices.to(ctx.device)
     inputs = ctx.images[idx] if batch is None else [v.to(ctx.device, non_blocking=True) for v in batch.views]
     views = ctx.make_views(inputs, idx, epoch_key) if ctx.make_views else [inputs]
