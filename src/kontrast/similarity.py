@@ -13,6 +13,7 @@ softmax ignores: Gaussian-kernel InfoNCE *is* cosine InfoNCE there.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -37,6 +38,31 @@ def cosine(anchors: torch.Tensor, candidates: torch.Tensor, temperature: float =
         a = F.normalize(anchors.float(), dim=1)  # [N, D]
         c = F.normalize(candidates.float(), dim=1)  # [M, D]
         return a @ c.T / temperature  # [N, M]
+
+
+@dataclass(frozen=True)
+class CosineScores:
+    """``cosine(anchors, candidates, temperature)``, ``[N, M]``, not yet formed.
+
+    What :func:`~kontrast.losses.infonce.info_nce` takes where the matrix can be too large to hold (large
+    batches): it forms the scores whole when they are few and in row blocks above a size
+    (``losses/chunked.py``: the same value, memory linear in N). ``dense()`` forms them here.
+    """
+
+    anchors: torch.Tensor  # [N, D]
+    candidates: torch.Tensor  # [M, D]
+    temperature: float
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.anchors.shape[0], self.candidates.shape[0]  # (N, M)
+
+    @property
+    def device(self) -> torch.device:
+        return self.anchors.device
+
+    def dense(self) -> torch.Tensor:
+        return cosine(self.anchors, self.candidates, self.temperature)  # [N, M]
 
 
 def paired_cosine(a: torch.Tensor, b: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,8 @@ import yaml
 import kontrast.methods.build as build
 import kontrast.train.loop as loop
 from kontrast.checkpoint import read_run_config
-from kontrast.methods.build import create_method, resolve, view_specs
+from kontrast.evaluate.run import load_run, run_views
+from kontrast.methods.build import resolve, view_specs
 from kontrast.train.plan import plan_run
 from support.args import TINY
 from support.cli import cli_run
@@ -77,10 +79,10 @@ def test_the_plan_is_kept_in_config_yaml_and_a_resume_keeps_its_decisions(tmp_pa
     assert plan["numerics"] in first.stdout and plan["device"] == "cpu" and plan["world"] == 1
     assert plan["recipe"] == "simclr_cifar" and [v["size"] for v in plan["views"]] == [16, 16]
     assert plan["encoder"] == {"name": "resnet18", "stem": None, "width": 0.125}
-    cfg = resolve(raw)  # what the readers (eval, embed, export, report) do
-    method = create_method(cfg)
-    assert [dataclasses.asdict(v) for v in view_specs(cfg, method)] == \
-        [{k: tuple(x) if isinstance(x, list) else x for k, x in v.items()} for v in plan["views"]]
+    cfg, method, ckpt = load_run(run)  # what the readers (eval, embed, export, report, diagnose) do
+    recorded = [{k: tuple(x) if isinstance(x, list) else x for k, x in v.items()} for v in plan["views"]]
+    assert [dataclasses.asdict(v) for v in run_views(ckpt, cfg, method)] == recorded  # read from the plan ...
+    assert [dataclasses.asdict(v) for v in view_specs(cfg, method)] == recorded  # ... which the config gives again
     again = cli_run(["train", "--out", str(run), "--resume", "--epochs", "2", "--no-progress"])
     assert again.returncode == 0, again.stderr
     raw2, plan2 = read_run_config(run)
@@ -100,3 +102,18 @@ def test_plan_run_decides_every_auto_once(tmp_path):
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.device = "cuda"  # type: ignore[misc]
     assert yaml.safe_load(yaml.safe_dump(plan.to_dict()))["views"][0]["size"] == 64
+
+
+def test_readers_take_the_views_from_the_plan_and_recompute_them_for_a_run_without_one(tiny_simclr_run, tmp_path):
+    """eval, embed, export, report and diagnose normalise with the views the run recorded; a run directory written
+    before plans were kept (no ``plan:`` section) gets them from its config."""
+    run = tmp_path / "run"
+    shutil.copytree(tiny_simclr_run, run)
+    cfg, method, ckpt = load_run(run)
+    body = yaml.safe_load((run / "config.yaml").read_text())
+    body["plan"]["views"][0]["mean"] = [0.5, 0.5, 0.5]  # a recorded value the config would not give
+    (run / "config.yaml").write_text(yaml.safe_dump(body, sort_keys=False))
+    assert run_views(ckpt, cfg, method)[0].mean == (0.5, 0.5, 0.5)
+    del body["plan"]
+    (run / "config.yaml").write_text(yaml.safe_dump(body, sort_keys=False))
+    assert run_views(ckpt, cfg, method) == view_specs(cfg, method)

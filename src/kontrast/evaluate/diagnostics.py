@@ -150,8 +150,7 @@ def diagnose_run(path: str | Path, data: str | None = None, *, split: str = "tes
     Writes ``out/diagnostics.json`` and ``out/diagnostics.png`` (default ``out``: ``RUN/diagnostics``).
     """
     from kontrast.data import load_images
-    from kontrast.evaluate.run import load_run
-    from kontrast.methods.build import view_specs
+    from kontrast.evaluate.run import load_run, run_views
 
     if limit < 2 or graph_size < 2 or temperature <= 0:
         raise UserError("diagnose needs --limit >= 2, --graph-size >= 2 and --temperature > 0")
@@ -161,7 +160,7 @@ def diagnose_run(path: str | Path, data: str | None = None, *, split: str = "tes
                          skip_bad_images=cfg.data.skip_bad_images).subset(limit, seed=seed).x
     if len(images) < 2:
         raise UserError(f"{source} ({split}) has {len(images)} image; diagnose needs at least 2")
-    z1, z2, clean = encode_views(method.encoder.to(device), images, view_specs(cfg, method), seed=seed,
+    z1, z2, clean = encode_views(method.encoder.to(device), images, run_views(ckpt, cfg, method), seed=seed,
                                  device=device)
     result = {"checkpoint": str(ckpt), "method": cfg.method.name, "data": str(source), "split": split,
               **diagnose_embeddings(z1, z2, clean, temperature=temperature, graph_size=graph_size)}

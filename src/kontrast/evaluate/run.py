@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from kontrast.augment import ViewSpec
 from kontrast.checkpoint import RUN_CONFIG, STATE_FILE, latest_checkpoint, load_weights, read_run_config
 from kontrast.config import Config
 from kontrast.data import load_images
@@ -36,6 +37,18 @@ def load_run(path: str | Path) -> tuple[Config, Method, Path]:
     return cfg, method, ckpt
 
 
+def run_views(ckpt: Path, cfg: Config, method: Method) -> tuple[ViewSpec, ...]:
+    """The views the run trained with (their normalisation is what its encoder expects), as its plan in
+    ``RUN/config.yaml`` recorded them; recomputed from the config for a run written before plans were kept.
+    ``()`` for a sequence method."""
+    plan = read_run_config(ckpt.parent.parent)[1]
+    try:
+        return tuple(ViewSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in view.items()})
+                     for view in plan["views"])
+    except (KeyError, TypeError, ValueError):  # no plan, or one from another version of ViewSpec
+        return view_specs(cfg, method)
+
+
 def _num_samples(ckpt: Path) -> int:
     """The training-set size recorded in a checkpoint's state (sizes memory banks); 0 if absent."""
     try:
@@ -56,7 +69,7 @@ def evaluate_run(path: str | Path, data: str | None = None, *, device: str = "cp
     kw = dict(size=cfg.data.size, cache_dir=cfg.data.cache_dir, skip_bad_images=cfg.data.skip_bad_images)
     train, test = load_images(source, "train", **kw), load_images(source, "test", **kw)
     check_inputs(method, train)
-    specs = view_specs(cfg, method)  # the recipe's normalisation; none for sequences
+    specs = run_views(ckpt, cfg, method)  # the recipe's normalisation; none for sequences
     spec = specs[0] if specs else None
     mean, std = (spec.mean, spec.std) if spec else (None, None)
     result = evaluate_encoder(method.encoder.to(device), train, test, cfg.eval, mean=mean, std=std,

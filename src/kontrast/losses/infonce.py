@@ -14,17 +14,29 @@ import torch
 import torch.nn.functional as F
 
 from kontrast.losses.chunked import CHUNKED_ABOVE, info_nce_chunked
-from kontrast.similarity import cosine, moco_scores
+from kontrast.similarity import CosineScores, moco_scores
 
 
-def info_nce(scores: torch.Tensor, positives: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+def info_nce(scores: torch.Tensor | CosineScores, positives: torch.Tensor, mask: torch.Tensor | None = None, *,
+             exclude: torch.Tensor | None = None) -> torch.Tensor:
     """Mean over rows of ``-log softmax(scores)[row, positives[row]]``.
 
-    scores:    [N, M] similarity of each anchor to each candidate (already / tau)
+    scores:    [N, M] similarity of each anchor to each candidate (already / tau), or the
+               :class:`~kontrast.similarity.CosineScores` not yet formed: then above ``CHUNKED_ABOVE``
+               entries the loss is computed in row blocks (:func:`~kontrast.losses.chunked.info_nce_chunked`,
+               the same value, memory linear in N) and the matrix is never whole
     positives: [N] int64, column of each row's positive
-    mask:      [N, M] bool, True where a pair must be ignored (e.g. an anchor vs itself)
+    mask:      [N, M] bool, True where a pair must be ignored
+    exclude:   [N] int64, one column per row left out of the denominator (e.g. the anchor itself)
     """
+    if isinstance(scores, CosineScores):
+        if mask is None and use_blocks(*scores.shape):  # large: never the whole [N, M]
+            return info_nce_chunked(scores.anchors, scores.candidates, positives, scores.temperature, exclude=exclude)
+        scores = scores.dense()  # [N, M]
     scores = scores.float()
+    if exclude is not None:
+        mask = torch.zeros_like(scores, dtype=torch.bool) if mask is None else mask.clone()
+        mask[torch.arange(scores.shape[0], device=scores.device), exclude] = True  # [N, M]
     if mask is not None:
         scores = scores.masked_fill(mask, float("-inf"))  # [N, M]
     return F.cross_entropy(scores, positives)
@@ -42,7 +54,7 @@ def mi_bound(loss: torch.Tensor, num_candidates: int) -> torch.Tensor:
 
 
 def use_blocks(rows: int, cols: int) -> bool:
-    """Whether NT-Xent forms a ``[rows, cols]`` score matrix in row blocks (above ``CHUNKED_ABOVE`` entries)."""
+    """Whether ``info_nce`` forms a ``[rows, cols]`` cosine score matrix in row blocks (above ``CHUNKED_ABOVE`` entries)."""
     return rows * cols > CHUNKED_ABOVE
 
 
@@ -65,17 +77,13 @@ def nt_xent(
                 rank order (default: this rank's ``cat(z1, z2)``)
     offset:     row of this rank's first view inside ``candidates``
 
-    Above ``CHUNKED_ABOVE`` score entries the loss is computed in row blocks
+    Above ``CHUNKED_ABOVE`` score entries ``info_nce`` computes the loss in row blocks
     (:func:`~kontrast.losses.chunked.info_nce_chunked`, memory linear in the batch, same value).
     """
-    b = z1.shape[0]
     anchors = torch.cat([z1, z2])  # [2B, D]
-    if candidates is None:
-        candidates = anchors  # [M=2B, D]
-    if use_blocks(anchors.shape[0], candidates.shape[0]):  # large batch: never the whole [2B, M]
-        positives, itself = two_view_targets(b, offset, z1.device)  # [2B] each
-        return info_nce_chunked(anchors, candidates, positives, temperature, exclude=itself)
-    return two_view_info_nce(cosine(anchors, candidates, temperature), b, offset)
+    candidates = anchors if candidates is None else candidates  # [M, D]
+    scores = CosineScores(anchors, candidates, temperature)  # [2B, M] sim(z_i, z_j) / tau, formed by info_nce
+    return two_view_info_nce(scores, z1.shape[0], offset)
 
 
 def two_view_targets(b: int, offset: int = 0, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,18 +96,16 @@ def two_view_targets(b: int, offset: int = 0, device: torch.device | None = None
     return offset + (rows + b) % (2 * b), offset + rows
 
 
-def two_view_info_nce(scores: torch.Tensor, b: int, offset: int = 0) -> torch.Tensor:
+def two_view_info_nce(scores: torch.Tensor | CosineScores, b: int, offset: int = 0) -> torch.Tensor:
     """NT-Xent's targets on any similarity: rows are the 2B views ``cat(view 1, view 2)``.
 
     scores: [2B, M] similarity of each view to the candidates (e.g. ``cosine / tau`` for
-            SimCLR, a log-kernel for Kernel-InfoNCE), whose columns ``offset .. offset + 2B``
+            SimCLR, or its :class:`~kontrast.similarity.CosineScores`; a log-kernel for Kernel-InfoNCE), whose columns ``offset .. offset + 2B``
             are this batch's views in the same order. Each row's positive is the other view of
             its image; the row's own column is masked. 2B - 1 candidates per row when M = 2B.
     """
     positives, itself = two_view_targets(b, offset, scores.device)  # [2B] each: the other view, the anchor
-    mask = torch.zeros_like(scores, dtype=torch.bool)
-    mask[torch.arange(2 * b, device=scores.device), itself] = True  # never the anchor itself
-    return info_nce(scores, positives, mask)
+    return info_nce(scores, positives, exclude=itself)  # never the anchor itself
 
 
 def moco_loss(q: torch.Tensor, k: torch.Tensor, queue: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -28,7 +28,7 @@ from kontrast.extract import mlp
 from kontrast.losses import info_nce, mi_bound
 from kontrast.methods.base import embedding_std, Method, Progress, Ranks
 from kontrast.registry import METHODS
-from kontrast.similarity import cosine
+from kontrast.similarity import CosineScores
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ def cross_entropy(q: torch.Tensor, k: torch.Tensor, temperature: float, offset: 
     Row i's positive is ``k[offset + i]``; every other key is a negative. One process: M = B, offset 0;
     on W ranks ``k`` holds every rank's keys (M = BW) and ``offset`` is this rank's first row.
     """
-    scores = cosine(q, k, temperature)  # [B, M] cos(q_i, k_j) / tau
+    scores = CosineScores(q, k, temperature)  # [B, M] cos(q_i, k_j) / tau (formed by info_nce, in row blocks when large)
     positives = offset + torch.arange(q.shape[0], device=q.device)  # [B] the diagonal of this rank's block
     return info_nce(scores, positives)
 

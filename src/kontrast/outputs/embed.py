@@ -28,8 +28,7 @@ from tqdm import tqdm
 from kontrast.data import Samples, load_images
 from kontrast.errors import UserError
 from kontrast.evaluate.features import extract_features
-from kontrast.evaluate.run import load_run
-from kontrast.methods.build import view_specs
+from kontrast.evaluate.run import load_run, run_views
 
 FORMATS = (".npy", ".pt", ".parquet", ".csv")
 
@@ -80,7 +79,7 @@ def embed(run: str | Path, data: str | None = None, *, split: str = "all", batch
     source = data or cfg.data.source
     samples = images_of(source, split, size=cfg.data.size, cache_dir=cfg.data.cache_dir,
                         skip_bad_images=cfg.data.skip_bad_images)
-    specs = view_specs(cfg, method)  # the recipe's normalisation (none for sequences)
+    specs = run_views(ckpt, cfg, method)  # the recipe's normalisation (none for sequences)
     mean, std = (specs[0].mean, specs[0].std) if specs else (None, None)
     encoder = method.encoder.to(device)
     chunks = []

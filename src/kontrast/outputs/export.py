@@ -36,9 +36,8 @@ from kontrast.encoders.resnet import ResNet
 from kontrast.encoders.vit import VisionTransformer
 from kontrast.encoders.weights import BACKBONE_FILE, load_weights_into
 from kontrast.errors import UserError
-from kontrast.evaluate.run import load_run
+from kontrast.evaluate.run import load_run, run_views
 from kontrast.extract import EncoderWithHead, PooledContext
-from kontrast.methods.build import view_specs
 
 INFO_FILE = "backbone.json"
 EXPORT_VERSION = 1
@@ -61,7 +60,7 @@ def export_backbone(checkpoint: str | Path, out_dir: str | Path, *, overwrite: b
     if out_dir.resolve() in (run_dir, *run_dir.parents):
         raise UserError(f"--out {out_dir} holds the run {run_dir}; export into another folder")
     encoder, wrapper = _backbone_of(method.encoder)
-    specs = view_specs(cfg, method)  # the recipe's normalisation (as evaluate_run); () for sequence methods
+    specs = run_views(ckpt, cfg, method)  # the recipe's normalisation (as evaluate_run); () for sequence methods
     state = read_state(ckpt)
     info = backbone_info(encoder, cfg.encoder.name, stem=cfg.encoder.stem, width=cfg.encoder.width)
     info.update({

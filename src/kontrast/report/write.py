@@ -17,8 +17,7 @@ from kontrast.config import Config, to_dict
 from kontrast.data import Samples
 from kontrast.errors import UserError
 from kontrast.evaluate.features import extract_features
-from kontrast.evaluate.run import load_run
-from kontrast.methods.build import view_specs
+from kontrast.evaluate.run import load_run, run_views
 from kontrast.report import figures, page
 from kontrast.report.embedding import caption_of, nearest_neighbours, preview_views, project_2d, report_samples
 from kontrast.report.metrics import final_metrics, read_json, read_metrics, warnings_of
@@ -46,7 +45,7 @@ def write_report(run: str | Path, out: str | Path | None = None, *, device: str 
     records = read_metrics(run_dir / "metrics.jsonl")
     state = read_json(ckpt / "state.json") or {}
     sections = [summary_section(cfg, run_dir, ckpt, state, records), curves_section(records)]
-    sections += image_sections(cfg, method, device=device, limit=limit, seed=seed)
+    sections += image_sections(cfg, method, run_views(ckpt, cfg, method), device=device, limit=limit, seed=seed)
     sections.append(("config", "Configuration", page.code_block(yaml.safe_dump(to_dict(cfg), sort_keys=False))))
     subtitle = (f"{cfg.method.name} \u00b7 {cfg.encoder.name} width {cfg.encoder.width} \u00b7 {cfg.data.source} "
                 f"\u00b7 {cfg.data.size} px \u00b7 checkpoint {ckpt.name}")
@@ -88,14 +87,13 @@ def curves_section(records: list[dict]) -> Section:
     return "curves", "Training curves", body
 
 
-def image_sections(cfg: Config, method, *, device: str, limit: int, seed: int) -> list[Section]:
+def image_sections(cfg: Config, method, specs: tuple, *, device: str, limit: int, seed: int) -> list[Section]:
     """The embedding map, then (for image methods) nearest neighbours and the recipe's views."""
     try:
         data, split = report_samples(cfg, limit, seed)
     except UserError as exc:
         return [("embedding", "Embedding map", page.note(
             f"The run's data could not be loaded, so there is no embedding map, neighbours or view preview: {exc}"))]
-    specs = view_specs(cfg, method)  # () for a sequence method
     mean, std = (specs[0].mean, specs[0].std) if specs else (None, None)
     features = extract_features(method.encoder.to(device), data.x, mean=mean, std=std, device=device,
                                 precision=cfg.train.precision)  # [N, dim] on CPU

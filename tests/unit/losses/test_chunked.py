@@ -10,7 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import kontrast.losses.chunked as chunked
 import kontrast.losses.infonce as infonce
 from kontrast.losses import info_nce, info_nce_chunked, nt_xent
-from kontrast.similarity import cosine
+from kontrast.similarity import CosineScores, cosine
 from support.reference import naive_info_nce
 
 
@@ -156,3 +156,23 @@ def test_nt_xent_at_its_switch_point_equals_the_dense_form(b):
         assert torch.allclose(g, w, rtol=1e-4, atol=1e-8)
     blocked = largest_tensor(lambda: nt_xent(z1, z2, 0.5)) < (2 * b) ** 2
     assert blocked == (b > 512) == infonce.use_blocks(2 * b, 2 * b)
+
+
+@pytest.mark.parametrize("m", [511, 512, 513])
+def test_info_nce_of_cosine_scores_switches_at_its_threshold_and_equals_the_dense_form(m):
+    """MoCo v3's and NNCLR's form (every column counts, the positive at ``offset + i``): ``info_nce`` over
+    :class:`CosineScores` [2048, M] equals it over the formed matrix in value and gradient at 2^20 entries and
+    one column either side, and forms the scores in row blocks exactly above it."""
+    n, d = 2048, 8
+    q = torch.randn(n, d, generator=gen(30), requires_grad=True)
+    k = torch.randn(m, d, generator=gen(31), requires_grad=True)
+    positives = torch.arange(n) % m
+    dense = info_nce(cosine(q, k, 0.2), positives)  # [N, M] formed whole
+    want = torch.autograd.grad(dense, (q, k))
+    got_loss = info_nce(CosineScores(q, k, 0.2), positives)
+    got = torch.autograd.grad(got_loss, (q, k))
+    assert abs(float(got_loss) - float(dense)) < 1e-5
+    for g, w in zip(got, want):
+        assert torch.allclose(g, w, rtol=1e-4, atol=1e-8)
+    blocked = largest_tensor(lambda: info_nce(CosineScores(q, k, 0.2), positives)) < n * m
+    assert blocked == (m > 512) == infonce.use_blocks(n, m)
