@@ -47,6 +47,7 @@ _EXPORTS = {
     "recipe_views": "kontrast.augment",
     "make_views": "kontrast.augment",
     "cosine": "kontrast.similarity",
+    "CosineScores": "kontrast.similarity",
     "info_nce": "kontrast.losses",
     "nt_xent": "kontrast.losses",
     "negative_cosine": "kontrast.losses",

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -67,6 +69,44 @@ def test_two_processes_resolve_once_and_plan_once_each(calls, tmp_path):
     assert os.getpid() not in counts["plan"] and sorted(counts["plan"].values()) == [1, 1]  # one plan per rank
     raw, plan = read_run_config(tmp_path / "run")
     assert plan["world"] == 2 and raw["data"]["mode"] == "memory"
+
+
+COUNTING_SITE = """
+import os
+import kontrast.methods.build as build
+import kontrast.train.loop as loop
+
+def counted(name, real):
+    def wrapper(*args, **kwargs):
+        with open(os.environ["KONTRAST_TEST_CALLS"], "a") as f:
+            f.write(f"{name} {os.getpid()}\\n")
+        return real(*args, **kwargs)
+    return wrapper
+
+build.resolve = counted("resolve", build.resolve)
+loop.plan_run = counted("plan", loop.plan_run)
+"""
+
+
+def test_under_torchrun_each_fresh_process_resolves_once_and_plans_once(tmp_path):
+    """``torchrun -m kontrast.cli train`` (no launcher of ours): every process starts afresh and reads the
+    command itself, so each resolves the config once and plans once."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(COUNTING_SITE)  # counts in the processes torchrun starts
+    log = tmp_path / "calls.txt"
+    log.touch()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
+           "KONTRAST_TEST_CALLS": str(log), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
+               "kontrast.cli", "train", "--method", "simclr", "--data", "shapes:32", "--epochs", "1",
+               "--batch-size", "16", "--out", str(tmp_path / "run"), *TINY, "--set", "train.device=cpu"]
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    counts = _counts(log)
+    assert len(counts["resolve"]) == 2 and sorted(counts["resolve"].values()) == [1, 1]
+    assert counts["plan"].keys() == counts["resolve"].keys() and sorted(counts["plan"].values()) == [1, 1]
+    assert read_run_config(tmp_path / "run")[1]["world"] == 2
 
 
 def test_the_plan_is_kept_in_config_yaml_and_a_resume_keeps_its_decisions(tmp_path):

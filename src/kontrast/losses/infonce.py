@@ -1,4 +1,4 @@
-"""InfoNCE and the losses built on it (NT-Xent, MoCo's).
+"""InfoNCE and the losses built on it (NT-Xent, MoCo's, CLIP's symmetric one).
 
 InfoNCE (van den Oord et al. 2018, https://arxiv.org/abs/1807.03748) is a
 cross-entropy over a score matrix: each anchor row must pick its positive
@@ -119,3 +119,13 @@ def moco_loss(q: torch.Tensor, k: torch.Tensor, queue: torch.Tensor, temperature
     positives = torch.zeros(q.shape[0], dtype=torch.long, device=q.device)  # [B] column 0
     return info_nce(scores, positives)
 
+
+
+def symmetric_info_nce(scores: torch.Tensor) -> torch.Tensor:
+    """CLIP's loss: the mean of InfoNCE over rows and over columns of ``scores [B, B]`` (pair i is entry (i, i)).
+
+    Radford et al. 2021, https://arxiv.org/abs/2103.00020, figure 3: image i must pick text i
+    among the batch's texts, and text i must pick image i among its images.
+    """
+    targets = torch.arange(scores.shape[0], device=scores.device)  # [B] the diagonal
+    return (info_nce(scores, targets) + info_nce(scores.T, targets)) / 2

@@ -22,8 +22,7 @@ import torch.nn as nn
 from kontrast.data.captions import captions_for
 from kontrast.encoders.text import TextTransformer, tokenize
 from kontrast.errors import UserError
-from kontrast.losses import info_nce
-from kontrast.losses.symmetric import symmetric_info_nce
+from kontrast.losses import info_nce, symmetric_info_nce
 from kontrast.methods.base import embedding_std, Method, Progress, Ranks
 from kontrast.registry import METHODS
 from kontrast.similarity import cosine

@@ -20,7 +20,7 @@ from kontrast.encoders.text import EOT, PAD, TextTransformer, detokenize, tokeni
 from kontrast.errors import UserError
 from kontrast.evaluate.zeroshot import zeroshot_top1
 from kontrast.losses.swav import sinkhorn, swapped_prediction
-from kontrast.losses.symmetric import symmetric_info_nce
+from kontrast.losses.infonce import symmetric_info_nce
 from kontrast.methods.base import Progress
 from kontrast.methods.build import create_method, resolve, view_specs
 from support.reference import naive_sinkhorn, naive_swapped_prediction
