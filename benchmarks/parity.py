@@ -88,14 +88,14 @@ def _flag(name: str, value) -> list[str]:
 def resolved(args):
     """kontrast's config for this run: the method's recipe + the budget + ``--set`` (both sides use it)."""
     from kontrast.config import merge, parse_override
-    from kontrast.methods.build import resolve
+    from kontrast.methods.build import decided, resolve
 
     raw = {"method": {"name": args.method}, "data": {"source": args.data, "limit": args.train_limit},
            "encoder": {"width": args.width},
            "train": {"epochs": args.epochs, "batch_size": args.batch, "seed": args.seed, "num_threads": args.threads}}
     for item in args.set:
         raw = merge(raw, parse_override(item))
-    return resolve(raw)
+    return decided(resolve(raw))  # data.size and encoder.stem as the run decides them
 
 
 def peer_views(cfg) -> list[dict]:

@@ -87,12 +87,7 @@ def _launch(nproc: int, argv: list[str], cfg) -> int:
     """
     if "WORLD_SIZE" in os.environ:
         raise UserError("--nproc inside a torchrun launch: drop --nproc (torchrun already started the processes)")
-    rest, skip = [], False
-    for arg in argv:  # the command without --nproc: each process runs it under torchrun
-        if skip or arg == "--nproc" or arg.startswith("--nproc="):
-            skip = arg == "--nproc"
-            continue
-        rest.append(arg)
+    rest = _without_nproc(argv)  # each process runs the command under torchrun
     import uuid
 
     import kontrast.train.loop  # noqa: F401  (imported before the fork: the processes share its pages)
@@ -111,6 +106,7 @@ def _launch(nproc: int, argv: list[str], cfg) -> int:
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     from kontrast.config import dump
 
+    _say_launch(nproc, cfg.train.num_threads or int(os.environ["OMP_NUM_THREADS"]), start)
     errors = tempfile.TemporaryDirectory(prefix="kontrast-launch-")  # each worker's input error, said once below
     os.environ[ERRORS_ENV] = errors.name
     os.environ[CONFIG_ENV] = str(Path(errors.name) / "resolved.yaml")
@@ -138,6 +134,27 @@ def _launch(nproc: int, argv: list[str], cfg) -> int:
         os.environ.pop(CONFIG_ENV, None)
         errors.cleanup()
     return 0
+
+
+def _without_nproc(argv: list[str]) -> list[str]:
+    rest, skip = [], False
+    for arg in argv:
+        if skip or arg == "--nproc" or arg.startswith("--nproc="):
+            skip = arg == "--nproc"
+            continue
+        rest.append(arg)
+    return rest
+
+
+def _say_launch(nproc: int, threads: int, start: str) -> None:
+    """What ``--nproc`` starts, and a warning when its threads outnumber the cores this process may use."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    print(f"launching {nproc} processes on this node (torchrun, {start}), {threads} thread(s) each; rank 0 "
+          f"speaks for the run", flush=True)
+    if nproc * threads > cores:
+        print(f"warning: {nproc} processes x {threads} threads > {cores} cores: they will slow each other; use "
+              f"--nproc {max(1, cores // threads)} or --set train.num_threads={max(1, cores // nproc)}",
+              file=sys.stderr, flush=True)
 
 
 def _say_errors(folder: Path) -> None:
@@ -175,6 +192,9 @@ def _run(args, argv: list[str]) -> int:
 
 def _train(args, argv: list[str]) -> int:
     """``kontrast train``: one process here, or ``--nproc N`` launched from here."""
+    from kontrast.train.rundir import check_run_dir
+
+    check_run_dir(Path(args.out), resume=args.resume, overwrite=args.overwrite)  # before any data or process
     if args.nproc != 1:
         from kontrast.train.distributed import check_world
 
@@ -206,7 +226,7 @@ def _eval(args) -> int:
 
     result = evaluate_run(args.checkpoint, args.data, device=args.device, linear=not args.no_linear,
                           clustering=not args.no_clustering, labels_fraction=args.labels_fraction,
-                          finetune_epochs=args.finetune_epochs)
+                          finetune_epochs=args.finetune_epochs, precision=args.precision)
     print(json.dumps(result) if args.json else _eval_line(result))
     return 0
 
@@ -261,8 +281,10 @@ def _take_away(args) -> int:
         from kontrast.outputs.embed import embed_run
 
         info = embed_run(args.checkpoint, args.data, args.out, split=args.split, batch_size=args.batch_size,
-                         device=args.device, overwrite=args.overwrite, progress=not args.no_progress)
-        print(f"wrote {info['rows']} embeddings of dim {info['dim']} to {', '.join(info['files'])}")
+                         device=args.device, overwrite=args.overwrite, progress=not args.no_progress,
+                         precision=args.precision)
+        made = f" (created the folder {info['created']})" if info["created"] else ""
+        print(f"wrote {info['rows']} embeddings of dim {info['dim']} to {', '.join(info['files'])}{made}")
         return 0
     if args.command == "export":
         from kontrast.outputs.export import export_backbone
@@ -273,7 +295,10 @@ def _take_away(args) -> int:
         return 0
     from kontrast.report import write_report
 
-    print(f"wrote {write_report(args.run, args.out, device=args.device, limit=args.limit)}")
+    if (args.run is None) == (args.checkpoint is None):
+        raise UserError("report takes the run once: kontrast report --checkpoint RUN (or kontrast report RUN)")
+    run = args.checkpoint or args.run
+    print(f"wrote {write_report(run, args.out, device=args.device, limit=args.limit, precision=args.precision)}")
     return 0
 
 
@@ -346,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `kontrast ... | head`: the reader left; the work is done, nothing to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at interpreter exit
+        return 0
 
 
 if __name__ == "__main__":

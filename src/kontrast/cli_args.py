@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import re
 
-from kontrast.errors import UserError
+from kontrast.errors import UserError, did_you_mean
 
 DEVICE_HELP = "cpu, cuda, cuda:N or mps (default: %(default)s)"
+PRECISION_HELP = ("the encoder's arithmetic: fp32 (the default, the same features on every machine), bf16, or auto "
+                  "(bf16 where the device computes it natively)")
+
+
+def _precision_arg(p) -> None:
+    p.add_argument("--precision", choices=["fp32", "bf16", "auto"], default="fp32", help=PRECISION_HELP)
 
 
 class Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit 2 (argparse prints usage too by default)
+        choice = re.match(r"argument .*: invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if choice:  # argparse lists the choices; say which one was meant
+            known = re.findall(r"'([^']*)'", choice.group(2)) or [c.strip() for c in choice.group(2).split(",")]
+            message = f"{message}{did_you_mean(choice.group(1), known)}"
         raise UserError(f"{message} (see `{self.prog} --help`)")
 
 
@@ -50,6 +61,7 @@ def _eval_args(sub) -> None:
     p.add_argument("--checkpoint", required=True, help="run directory or one checkpoint folder")
     p.add_argument("--data", help="labelled source to evaluate on (default: the run's training source)")
     p.add_argument("--device", default="cpu", help=DEVICE_HELP)
+    _precision_arg(p)
     p.add_argument("--no-linear", action="store_true", help="no linear probe")
     p.add_argument("--no-clustering", action="store_true", help="no k-means of the test features (NMI, ARI, "
                    "Hungarian accuracy)")
@@ -71,6 +83,7 @@ def _outputs_args(sub) -> None:
                    help="which images of the source (default: all, in path order)")
     p.add_argument("--batch-size", type=int, default=512, help="images per forward pass (default: %(default)s)")
     p.add_argument("--device", default="cpu", help=DEVICE_HELP)
+    _precision_arg(p)
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p = sub.add_parser("export", help="the encoder as a torchvision state_dict (safetensors) + a JSON of how to use it")
@@ -78,10 +91,12 @@ def _outputs_args(sub) -> None:
     p.add_argument("--out", required=True, help="folder to write backbone.safetensors and backbone.json into")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it holds files")
     p = sub.add_parser("report", help="one self-contained HTML page: curves, embedding map, neighbours, views")
-    p.add_argument("run", help="run directory")
+    p.add_argument("run", nargs="?", help="run directory (or give it as --checkpoint, as the other commands)")
+    p.add_argument("--checkpoint", help="run directory or one checkpoint folder")
     p.add_argument("--out", help="HTML file to write (default: RUN/report.html)")
     p.add_argument("--limit", type=int, default=2000, help="images in the map and the neighbours (default: %(default)s)")
     p.add_argument("--device", default="cpu", help=DEVICE_HELP)
+    _precision_arg(p)
 
 
 def _files_args(sub) -> None:

@@ -23,5 +23,10 @@ def did_you_mean(name: str, known) -> str:
     """``" (did you mean 'simclr'?)"`` for the closest of ``known`` to a mistyped ``name``; ``""`` if none is close."""
     import difflib
 
-    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=1, cutoff=0.6)
+    known = [str(k) for k in known]
+    same_but_case = [k for k in known if k.lower() == str(name).lower()]  # 'SimCLR' -> 'simclr'
+    close = same_but_case or difflib.get_close_matches(str(name), known, n=1, cutoff=0.6)
+    if not close:  # a case-blind second look: 'MoCo_V2' -> 'moco_v2'
+        lowered = {k.lower(): k for k in known}
+        close = [lowered[m] for m in difflib.get_close_matches(str(name).lower(), list(lowered), n=1, cutoff=0.6)]
     return f" (did you mean {close[0]!r}?)" if close else ""

@@ -118,7 +118,7 @@ def test_the_plan_is_kept_in_config_yaml_and_a_resume_keeps_its_decisions(tmp_pa
     assert raw["data"]["mode"] == "memory" and raw["data"]["source"] == "shapes:32"  # decided; a built-in set
     assert plan["numerics"] in first.stdout and plan["device"] == "cpu" and plan["world"] == 1
     assert plan["recipe"] == "simclr_cifar" and [v["size"] for v in plan["views"]] == [16, 16]
-    assert plan["encoder"] == {"name": "resnet18", "stem": None, "width": 0.125}
+    assert plan["encoder"] == {"name": "resnet18", "stem": "cifar", "width": 0.125}  # decided: 16 px, CIFAR stem
     cfg, method, ckpt = load_run(run)  # what the readers (eval, embed, export, report, diagnose) do
     recorded = [{k: tuple(x) if isinstance(x, list) else x for k, x in v.items()} for v in plan["views"]]
     assert [dataclasses.asdict(v) for v in run_views(ckpt, cfg, method)] == recorded  # read from the plan ...

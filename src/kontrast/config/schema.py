@@ -47,8 +47,8 @@ def check_fields(obj: Any, prefix: str) -> None:
     for f in fields(obj):
         meta = f.metadata.get("checked")
         value = getattr(obj, f.name)
-        if meta is None or value is None:
-            continue
+        if meta is None or value is None or (value == "auto" and meta["choices"] is None):
+            continue  # "auto" where a field also takes numbers (data.size): decided by the run plan
         key = f"{prefix}.{f.name}"
         for v in value if isinstance(value, tuple) else (value,):
             if meta["choices"] is not None and v not in meta["choices"]:
@@ -64,7 +64,7 @@ def check_fields(obj: Any, prefix: str) -> None:
 @dataclass(frozen=True)
 class DataConfig:
     source: str = "shapes"  # "shapes", an ImageFolder dir, a .tar(.gz), a CIFAR folder
-    size: int = checked(32, ge=4)  # training resolution (pixels)
+    size: int | Literal["auto"] = checked("auto", ge=4)  # training side in px; auto: images under 64 px at their own, larger at up to 96
     skip_bad_images: bool = False  # an unreadable image is replaced by another (and reported), not a stop
     cache_dir: str | None = None  # decoded-dataset cache (null: $KONTRAST_CACHE, else ~/.cache/kontrast)
     limit: int = checked(0, ge=0)  # train on a fixed random subset of this many images (0 = all)
@@ -82,7 +82,7 @@ class AugmentConfig:
 @dataclass(frozen=True)
 class EncoderConfig:
     name: str = "resnet18"  # resnet18|34|50, amdim, vit_tiny|vit_small or torchvision:<model>
-    stem: str | None = checked(None, choices=("cifar", "imagenet"))  # cifar (3x3, no max-pool; resnet default)
+    stem: str | None = checked("auto", choices=("auto", "cifar", "imagenet"))  # ResNets: cifar (3x3, no max-pool) or imagenet (7x7/2 + max-pool); auto: imagenet from 64 px
     width: float = checked(1.0, gt=0)  # channel multiplier (vit_*: head dim 64 x width, a multiple of 8)
     zero_init_residual: bool = False  # each residual block starts as the identity (last BN gamma = 0; kontrast ResNets)
     torch_init: bool = False  # kontrast ResNets: convs keep PyTorch's default init (as lightly's), not Kaiming fan-out

@@ -84,7 +84,7 @@ def open_shards(spec: str | os.PathLike, *, split: str = "train", cache_dir: str
     if folder.is_dir() and (folder / INDEX_NAME).is_file():
         listing, classes = _listed_shards(folder, split)
     else:
-        listing, classes = [(p, None) for p in _shard_files(where)], None
+        listing, classes = [(p, None) for p in shard_files(where)], None
     root = cache.cache_root(cache_dir) / "shard-index"
     entries, bad, skip = [], [], set()
     for path, listed in listing:
@@ -115,7 +115,7 @@ def _listed_shards(folder: Path, split: str) -> tuple[list[tuple[Path, dict]], l
     return [(folder / s["name"], s) for s in shards], [str(c) for c in index.get("classes", [])]
 
 
-def _shard_files(spec: str) -> list[Path]:
+def shard_files(spec: str) -> list[Path]:
     """The shard files a pattern, a .tar or a folder of .tar files names, all present."""
     path = Path(spec).expanduser()
     if path.is_dir():

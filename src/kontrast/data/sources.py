@@ -25,6 +25,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import torch
+
 from kontrast.data.samples import Samples
 from kontrast.errors import UserError
 from kontrast.registry import SOURCES
@@ -40,7 +42,8 @@ def load_images(
     cache_dir: str | Path | None = None,
     skip_bad_images: bool = False,
 ) -> Samples:
-    """Load one split of ``source``: images as RGB uint8 ``[N, 3, size, size]`` (see module doc).
+    """Load one split of ``source``: images as RGB uint8 ``[N, 3, size, size]`` (see module doc); ``split="all"``:
+    train and test together, in path order.
 
     Raises :class:`UserError` for a missing path, an empty or unrecognised source, a test
     split of unlabelled data, or unreadable image files (unless ``skip_bad_images``, which
@@ -48,6 +51,8 @@ def load_images(
     ``$KONTRAST_CACHE`` or ``~/.cache/kontrast``); ``shapes`` is generated, never cached.
     """
     source = os.fspath(source)
+    if split == "all":
+        return _all_splits(source, size=size, cache_dir=cache_dir, skip_bad_images=skip_bad_images)
     check_split(split)
     check_size(size)
     kinds = sorted(SOURCES.names(), key=lambda name: (SOURCES.get(name).order, name))
@@ -65,6 +70,23 @@ def load_images(
         f"unknown dataset format: {path} is neither a folder nor a .tar/.tar.gz archive; "
         "pass an ImageFolder-style folder, an archive of one, or a CIFAR folder"
     )
+
+
+def _all_splits(source: str, **kw) -> Samples:
+    """Train and test together, in path order (an unlabelled source has every image in train)."""
+    train = load_images(source, "train", **kw)
+    try:
+        parts = [train, load_images(source, "test", **kw)]
+    except UserError:
+        if train.labels is not None:  # a labelled source whose test split is unreadable: say so
+            raise
+        parts = [train]  # unlabelled: every image is in the train split
+    order = sorted(range(sum(len(p) for p in parts)), key=[path for p in parts for path in p.paths].__getitem__)
+    x = torch.cat([p.x for p in parts])[order]  # [N, 3, H, W] in path order
+    labelled = all(p.labels is not None for p in parts)
+    labels = torch.cat([p.labels for p in parts])[order] if labelled else None  # [N]
+    paths = [path for p in parts for path in p.paths]
+    return Samples(x, labels, parts[0].classes if labelled else [], source, [paths[i] for i in order])
 
 
 def absolute_source(source: str) -> str:

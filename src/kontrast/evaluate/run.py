@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from kontrast.augment import ViewSpec
@@ -16,12 +17,16 @@ from kontrast.evaluate.zeroshot import supports_zeroshot, zeroshot_top1
 from kontrast.methods.base import Method
 from kontrast.methods.build import check_inputs, create_method, resolve, view_specs
 
+EVAL_FILE = "eval.json"  # the latest `kontrast eval` of a run, inside it
+
 
 def load_run(path: str | Path) -> tuple[Config, Method, Path]:
     """``path`` is a run directory (newest checkpoint is used) or one checkpoint folder."""
     path = Path(path)
     if not path.exists():
         raise UserError(f"checkpoint path not found: {path}")
+    if path.name == "checkpoints" and (path.parent / RUN_CONFIG).is_file():
+        path = path.parent  # RUN/checkpoints means the run
     if (path / STATE_FILE).is_file():
         ckpt, run_dir = path, path.parent.parent
     else:
@@ -58,10 +63,14 @@ def _num_samples(ckpt: Path) -> int:
 
 
 def evaluate_run(path: str | Path, data: str | None = None, *, device: str = "cpu", linear: bool = True,
-                 clustering: bool = True, labels_fraction: float = 0.0, finetune_epochs: int = 0) -> dict:
+                 clustering: bool = True, labels_fraction: float = 0.0, finetune_epochs: int = 0,
+                 precision: str = "fp32") -> dict:
     """kNN and linear-probe top-1 of a run's encoder on ``data`` (default: its training source), k-means
     clustering of its test features (NMI, ARI, Hungarian accuracy), and with ``labels_fraction`` the test
-    top-1 after fine-tuning on that class-balanced fraction of the training labels (evaluate/finetune.py)."""
+    top-1 after fine-tuning on that class-balanced fraction of the training labels (evaluate/finetune.py).
+    ``precision``: the encoder's arithmetic, fp32 by default whatever the run trained in, so scores do not depend on
+    the machine (``auto``: bf16 where the device computes it natively). The result is also kept in the run as
+    ``RUN/eval.json`` (the report shows it)."""
     if labels_fraction or finetune_epochs < 0:
         check_finetune_args(labels_fraction, finetune_epochs)
     cfg, method, ckpt = load_run(path)
@@ -73,13 +82,25 @@ def evaluate_run(path: str | Path, data: str | None = None, *, device: str = "cp
     spec = specs[0] if specs else None
     mean, std = (spec.mean, spec.std) if spec else (None, None)
     result = evaluate_encoder(method.encoder.to(device), train, test, cfg.eval, mean=mean, std=std,
-                              device=device, precision=cfg.train.precision, linear=linear,
+                              device=device, precision=precision, linear=linear,
                               clustering=clustering)
     if labels_fraction:
         result.update(finetune_top1(method.encoder, train, test, labels_fraction, mean=mean, std=std,
                                     epochs=finetune_epochs, seed=cfg.train.seed, device=device,
-                                    precision=cfg.train.precision))
+                                    precision=precision))
     if supports_zeroshot(method) and test.classes:  # image-text models classify from class-name prompts
         result["zeroshot_top1"] = zeroshot_top1(method.to(device), test, mean=spec.mean, std=spec.std,
-                                                device=device, precision=cfg.train.precision)
-    return {"checkpoint": str(ckpt), "method": cfg.method.name, "data": source, **result}
+                                                device=device, precision=precision)
+    result = {"checkpoint": str(ckpt), "method": cfg.method.name, "data": source, "precision": precision, **result}
+    _keep_in_run(ckpt.parent.parent / EVAL_FILE, result)
+    return result
+
+
+def _keep_in_run(path: Path, result: dict) -> None:
+    """The latest scores, in the run (``RUN/eval.json``: the report shows them); written whole or not at all."""
+    tmp = path.with_name(f".{path.name}.partial")
+    try:
+        tmp.write_text(json.dumps(result, indent=1))
+        os.replace(tmp, path)
+    except OSError:  # a read-only run directory: the scores are still printed
+        tmp.unlink(missing_ok=True)

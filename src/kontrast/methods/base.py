@@ -127,6 +127,12 @@ class Method(nn.Module):
         """Raise a UserError when ``params`` cannot run on ``world`` processes sharing a global batch of ``batch_size``
         (checked before any process starts)."""
 
+    @classmethod
+    def encoder_side(cls, params: Any, size: int) -> int:
+        """The side of what the encoder sees when the run trains at ``data.size = size``: its views (CPC v2: its
+        patches). ``encoder.stem: auto`` follows it (:func:`kontrast.methods.build.auto_stem`)."""
+        return size
+
     def size_problem(self, view_px: int) -> str | None:
         """Why views whose smallest side is ``view_px`` pixels cannot be trained (None: they can).
 

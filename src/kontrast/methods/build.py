@@ -13,8 +13,9 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from kontrast.augment import native_recipe, recipe_views
+from kontrast.augment import NATIVE_SIZE, native_recipe, recipe_views
 from kontrast.config import Config, build_config, merge
+from kontrast.data.native import native_side
 from kontrast.encoders import check_encoder_name, create_encoder
 from kontrast.encoders.vit import VIT_SIZES, default_patch_size
 from kontrast.encoders.weights import load_weights_into
@@ -36,6 +37,57 @@ def resolve(raw: dict | None = None) -> Config:
     if hasattr(cfg.method.params, "validate"):  # checks spanning sections, e.g. MoCo's queue vs the batch size
         cfg.method.params.validate(cfg)
     return cfg
+
+
+AUTO_SIZE = 96  # data.size auto: images of NATIVE_SIZE px and more train at this side (at their own, if smaller)
+RESNETS = ("resnet18", "resnet34", "resnet50")  # the encoders with a stem to choose (encoder.stem)
+
+
+def auto_size(source: str) -> tuple[int, str]:
+    """``data.size: auto``: small images (below ``NATIVE_SIZE`` px, CIFAR-like) train at their own side, larger
+    ones at ``min(side, AUTO_SIZE)``; and the words saying so. The side is the median shorter side of the first
+    images (:func:`kontrast.data.native.native_side`); 32 for a source without image files (sequences)."""
+    side = native_side(source)
+    if side is None:
+        return 32, "32 px (auto: no image files to measure)"
+    if side < NATIVE_SIZE:
+        return side, f"{side} px, the images' own side (auto: below {NATIVE_SIZE} px they train as stored)"
+    size = min(side, AUTO_SIZE)
+    return size, f"{size} px (auto: the images are {side} px on their shorter side; {NATIVE_SIZE} px and more train at up to {AUTO_SIZE})"
+
+
+def auto_stem(cfg: Config, size: int) -> str | None:
+    """``encoder.stem: auto`` for a kontrast ResNet: ``imagenet`` (7x7 stride 2 + max-pool) when what the encoder
+    sees is ``NATIVE_SIZE`` px or more, else ``cifar`` (3x3, no max-pool); None for encoders without a stem."""
+    if cfg.encoder.name not in RESNETS:
+        return None
+    side = METHODS.get(cfg.method.name).encoder_side(cfg.method.params, size)
+    return "imagenet" if side >= NATIVE_SIZE else "cifar"
+
+
+def decide_size(cfg: Config) -> tuple[Config, list[str]]:
+    """``cfg`` with ``data.size`` and ``encoder.stem`` decided where they are ``auto``, and a line for each decided
+    here naming the ``--set`` that changes it (none when neither was auto)."""
+    lines = []
+    size = cfg.data.size
+    if size == "auto":
+        size, why = auto_size(cfg.data.source)
+        lines.append(f"size: {why}; set data.size=N to choose")
+    stem = cfg.encoder.stem
+    if stem == "auto":
+        stem = auto_stem(cfg, size)
+        if stem is not None:
+            other = "cifar" if stem == "imagenet" else "imagenet"
+            lines.append(f"stem: {stem} (auto: the encoder sees {METHODS.get(cfg.method.name).encoder_side(cfg.method.params, size)} px "
+                         f"{'>=' if stem == 'imagenet' else '<'} {NATIVE_SIZE}); set encoder.stem={other} to change")
+    if (size, stem) == (cfg.data.size, cfg.encoder.stem):
+        return cfg, lines
+    return replace(cfg, data=replace(cfg.data, size=size), encoder=replace(cfg.encoder, stem=stem)), lines
+
+
+def decided(cfg: Config) -> Config:
+    """``cfg`` with nothing left ``auto`` in ``data.size`` and ``encoder.stem`` (:func:`decide_size`)."""
+    return decide_size(cfg)[0] if "auto" in (cfg.data.size, cfg.encoder.stem) else cfg
 
 
 def read_resolved(raw: dict) -> Config:
@@ -87,6 +139,7 @@ ENCODER_OPTIONS = {"zero_init_residual": "set encoder.zero_init_residual=false",
 def build_encoder_args(cfg: Config) -> dict:
     """The configured encoder's :func:`~kontrast.encoders.create_encoder` arguments: name, stem, width, the
     options set in ``cfg.encoder``, and ``image_size`` = ``data.size`` for a ViT (its patches and positions)."""
+    cfg = decided(cfg)
     enc = cfg.encoder
     args = {"name": enc.name, "stem": enc.stem, "width": enc.width}
     args.update({key: getattr(enc, key) for key in ENCODER_OPTIONS if getattr(enc, key) not in (None, False)})
@@ -130,6 +183,7 @@ def check_inputs(method: Method, data) -> None:
 def view_specs(cfg: Config, method: Method) -> tuple:
     """The run's views: the method's recipe (or ``augment.recipe``) at ``data.size`` with ``augment.view``
     applied (:func:`kontrast.augment.recipe_views`); ``()`` for a sequence method (raw float batches)."""
+    cfg = decided(cfg)
     if method.recipe is None:  # a sequence method (CPC v1): the loop hands it the raw float batch
         if cfg.augment.recipe or cfg.augment.view:
             raise UserError(f"method {cfg.method.name} takes no image augmentation; remove the augment settings")
@@ -157,6 +211,7 @@ def smallest_size(cfg: Config, method: Method, largest: int = 1024) -> int | Non
 
 def check_size(cfg: Config, method: Method) -> None:
     """A one-line UserError, before any step, when the views at ``data.size`` are too small for the method."""
+    cfg = decided(cfg)
     problem = method.recipe is not None and _view_problem(cfg, method, cfg.data.size)
     if problem:
         smallest = smallest_size(cfg, method)
@@ -168,4 +223,4 @@ def check_size(cfg: Config, method: Method) -> None:
 def run_recipe(cfg: Config, method: Method) -> str:
     """``augment.recipe`` if set, else the method's recipe at ``data.size``: its ImageNet version from
     ``NATIVE_SIZE`` px up (:func:`kontrast.augment.native_recipe`)."""
-    return cfg.augment.recipe or native_recipe(method.recipe, cfg.data.size)
+    return cfg.augment.recipe or native_recipe(method.recipe, decided(cfg).data.size)

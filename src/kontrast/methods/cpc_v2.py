@@ -61,6 +61,10 @@ class CPCV2(Method):
     def check_world(cls, params: CPCV2Params, world: int, batch_size: int) -> None:
         check_pools("cpc_v2", params.negative_pool, world, batch_size)
 
+    @classmethod
+    def encoder_side(cls, params: CPCV2Params, size: int) -> int:
+        return params.patch_size  # the encoder sees one patch at a time
+
     def size_problem(self, view_px: int) -> str | None:
         p = self.params
         rows = grid_size(view_px, p.patch_size, p.patch_stride) if view_px >= p.patch_size else 0

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from kontrast.data import Samples, load_images
+from kontrast.data import load_images
 from kontrast.errors import UserError
 from kontrast.evaluate.features import extract_features
 from kontrast.evaluate.run import load_run, run_views
@@ -44,32 +44,12 @@ class Embeddings:
     checkpoint: str
 
 
-def images_of(source: str, split: str, *, size: int, cache_dir: str | None, skip_bad_images: bool) -> Samples:
-    """The images of ``split`` (``"all"``: train and test together) in path order."""
-    kw = dict(size=size, cache_dir=cache_dir, skip_bad_images=skip_bad_images)
-    if split != "all":
-        parts = [load_images(source, split, **kw)]
-    else:
-        train = load_images(source, "train", **kw)
-        try:
-            parts = [train, load_images(source, "test", **kw)]
-        except UserError:
-            if train.labels is not None:  # a labelled source whose test split is unreadable: say so
-                raise
-            parts = [train]  # unlabelled: every image is in the train split
-    order = sorted(range(sum(len(p) for p in parts)), key=[path for p in parts for path in p.paths].__getitem__)
-    x = torch.cat([p.x for p in parts])[order]  # [N, 3, H, W] in path order
-    labelled = all(p.labels is not None for p in parts)
-    labels = torch.cat([p.labels for p in parts])[order] if labelled else None  # [N]
-    paths = [path for p in parts for path in p.paths]
-    return Samples(x, labels, parts[0].classes if labelled else [], source, [paths[i] for i in order])
-
-
 def embed(run: str | Path, data: str | None = None, *, split: str = "all", batch_size: int = 512,
-          device: str = "cpu", progress: bool = False) -> Embeddings:
+          device: str = "cpu", progress: bool = False, precision: str = "fp32") -> Embeddings:
     """Frozen features of every image of ``data`` (default: the run's training source) under the run's encoder.
 
-    ``run``: a run directory (its newest checkpoint) or one checkpoint folder.
+    ``run``: a run directory (its newest checkpoint) or one checkpoint folder. ``precision``: fp32 by default
+    whatever the run trained in, so the features do not depend on the machine (``bf16``, ``auto`` on request).
     """
     if split not in ("all", "train", "test"):
         raise UserError(f"unknown split {split!r}; use all, train or test")
@@ -77,7 +57,7 @@ def embed(run: str | Path, data: str | None = None, *, split: str = "all", batch
         raise UserError(f"--batch-size must be at least 1, got {batch_size}")
     cfg, method, ckpt = load_run(run)
     source = data or cfg.data.source
-    samples = images_of(source, split, size=cfg.data.size, cache_dir=cfg.data.cache_dir,
+    samples = load_images(source, split, size=cfg.data.size, cache_dir=cfg.data.cache_dir,
                         skip_bad_images=cfg.data.skip_bad_images)
     specs = run_views(ckpt, cfg, method)  # the recipe's normalisation (none for sequences)
     mean, std = (specs[0].mean, specs[0].std) if specs else (None, None)
@@ -85,7 +65,7 @@ def embed(run: str | Path, data: str | None = None, *, split: str = "all", batch
     chunks = []
     for start in tqdm(range(0, len(samples), batch_size), disable=not progress, unit="batch", desc="embed"):
         chunks.append(extract_features(encoder, samples.x[start:start + batch_size], mean=mean, std=std,
-                                       batch_size=batch_size, device=device, precision=cfg.train.precision))
+                                       batch_size=batch_size, device=device, precision=precision))
     labels = [samples.classes[i] for i in samples.labels.tolist()] if samples.labels is not None else None
     return Embeddings(torch.cat(chunks), samples.paths, labels, str(source), str(ckpt))
 
@@ -164,10 +144,12 @@ def _write_csv(emb: Embeddings, path: Path) -> None:
 
 
 def embed_run(run: str | Path, data: str | None, out: str | Path, *, split: str = "all", batch_size: int = 512,
-              device: str = "cpu", overwrite: bool = False, progress: bool = True) -> dict:
+              device: str = "cpu", overwrite: bool = False, progress: bool = True, precision: str = "fp32") -> dict:
     """``kontrast embed``: :func:`embed`, then :func:`write_embeddings`; what was written."""
+    created = not Path(out).expanduser().parent.exists()
     output_files(out, overwrite=overwrite)  # a bad --out fails before any work
-    emb = embed(run, data, split=split, batch_size=batch_size, device=device, progress=progress)
+    emb = embed(run, data, split=split, batch_size=batch_size, device=device, progress=progress, precision=precision)
     files = write_embeddings(emb, out, overwrite=overwrite)
     return {"rows": len(emb.paths), "dim": int(emb.features.shape[1]), "files": files, "source": emb.source,
-            "checkpoint": emb.checkpoint, "labelled": emb.labels is not None}
+            "checkpoint": emb.checkpoint, "labelled": emb.labels is not None,
+            "created": str(Path(out).expanduser().parent) if created else None}

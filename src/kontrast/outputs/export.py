@@ -9,8 +9,9 @@ The JSON says how to build the model it loads into (constructor, the CIFAR stem 
 ``nn.Identity()``), how to normalise inputs, and where the weights came from.
 
     info = export_backbone("runs/simclr", "exports/simclr")    # run dir or one checkpoint folder
-    encoder = load_backbone("exports/simclr")                   # eval mode; .mean, .std, .input_size
-    features = encoder((images / 255 - mean) / std)             # [B, feature_dim]
+    encoder = load_backbone("exports/simclr")                   # eval mode; .mean, .std, .input_size, .transform
+    x = encoder.transform(decode_image(file, mode=ImageReadMode.RGB))  # [3, size, size]: resize, crop, normalise
+    features = encoder(x[None])                                 # [1, feature_dim], embed's features
 
 kontrast's ViTs (``vit_tiny``, ``vit_small``) carry torchvision's ``VisionTransformer`` names: the file loads into
 ``VisionTransformer(image_size, patch_size, ...)`` with ``heads = nn.Identity()``, as the JSON spells out.
@@ -27,6 +28,7 @@ import shutil
 from pathlib import Path
 
 from safetensors.torch import save_file
+import torch
 from torch import nn
 
 from kontrast.checkpoint import read_state
@@ -66,12 +68,38 @@ def export_backbone(checkpoint: str | Path, out_dir: str | Path, *, overwrite: b
     info.update({
         "input_size": cfg.data.size, "input": INPUT if specs else "float32 sequences, as the run's data source",
         "mean": list(specs[0].mean) if specs else None, "std": list(specs[0].std) if specs else None,
+        "preprocessing": preprocessing(cfg.data.size, specs[0].mean, specs[0].std) if specs else None,
         "method": cfg.method.name, "run": str(run_dir), "checkpoint": str(ckpt),
         "step": state.get("step"), "epoch": state.get("epoch"), "data": cfg.data.source,
     })
     if wrapper:
         info["evaluated_as"] = wrapper
     return write_backbone(encoder, info, out_dir, overwrite=overwrite)
+
+
+def preprocessing(size: int, mean, std) -> dict:
+    """How ``kontrast embed`` and ``eval`` turn an image file into the encoder's input, step by step
+    (:func:`kontrast.data.decode.fit_image`, :func:`kontrast.evaluate.features.normalise`); :func:`image_transform`
+    builds it in torchvision."""
+    return {"decode": "RGB uint8 [3, H, W] (torchvision.io.decode_image(file, mode=ImageReadMode.RGB))",
+            "resize": {"shorter_side": size, "interpolation": "bilinear", "antialias": True, "on": "uint8"},
+            "center_crop": [size, size], "scale": "float32, pixels / 255", "normalize": {"mean": list(mean), "std": list(std)}}
+
+
+def image_transform(steps: dict):
+    """``backbone.json``'s ``preprocessing`` as a torchvision transform of an RGB uint8 ``[3, H, W]`` tensor (or a
+    PIL image): the encoder's input for one image, ``[3, size, size]`` float32. From files decoded by
+    ``torchvision.io.decode_image(file, mode=ImageReadMode.RGB)`` it gives ``kontrast embed``'s features to float
+    rounding (a decoder other than libjpeg-turbo's may differ in the last bit of some pixels)."""
+    from torchvision.transforms import InterpolationMode, v2
+
+    return v2.Compose([
+        v2.ToImage(),  # PIL or tensor -> uint8 image tensor
+        v2.Resize(steps["resize"]["shorter_side"], interpolation=InterpolationMode.BILINEAR, antialias=True),
+        v2.CenterCrop(steps["center_crop"]),
+        v2.ToDtype(torch.float32, scale=True),  # / 255
+        v2.Normalize(steps["normalize"]["mean"], steps["normalize"]["std"]),
+    ])
 
 
 def _backbone_of(encoder: nn.Module) -> tuple[nn.Module, str | None]:
@@ -238,7 +266,8 @@ def load_backbone(path: str | Path) -> nn.Module:
     """The exported encoder, rebuilt with ``create_encoder`` and loaded strictly, in eval mode.
 
     ``path``: an export folder (or its ``backbone.safetensors``). The module carries ``.info`` (the
-    JSON), ``.mean`` / ``.std`` (the run's normalisation; None for sequences) and ``.input_size``.
+    JSON), ``.mean`` / ``.std`` (the run's normalisation; None for sequences), ``.input_size`` and ``.transform``
+    (:func:`image_transform`: an image's pixels to the encoder's input, as ``embed`` makes it; None for sequences).
     """
     folder, info = read_info(path)
     encoder = create_encoder(info["encoder"], stem=info.get("stem"), width=info.get("width", 1.0),
@@ -246,7 +275,10 @@ def load_backbone(path: str | Path) -> nn.Module:
     load_weights_into(encoder, folder / BACKBONE_FILE)
     encoder.info = info
     encoder.mean, encoder.std, encoder.input_size = info.get("mean"), info.get("std"), info.get("input_size")
+    steps = info.get("preprocessing")
+    encoder.transform = image_transform(steps) if steps else None  # one image file's pixels -> the encoder's input
     return encoder.eval()
 
 
-__all__ = ["INFO_FILE", "backbone_info", "export_backbone", "load_backbone", "read_info", "write_backbone"]
+__all__ = ["INFO_FILE", "backbone_info", "export_backbone", "image_transform", "load_backbone", "preprocessing",
+           "read_info", "write_backbone"]

@@ -14,18 +14,46 @@ from kontrast.data import Samples, load_images
 from kontrast.errors import UserError
 
 
-def report_samples(cfg: Config, limit: int, seed: int) -> tuple[Samples, str]:
-    """A fixed random subset (at most ``limit`` rows) of the run's data, and the split it is from.
+def report_samples(cfg: Config, limit: int, seed: int) -> tuple[Samples, torch.Tensor]:
+    """At most ``limit`` images of the run's data, train and test together, and which are test (bool ``[N]``).
 
-    The test split when the source has one; otherwise (an unlabelled folder, a paired file
-    without labelled test rows: :func:`load_images` raises :class:`UserError`) the train split.
+    Half from the test split when the source has one (an unlabelled folder or a paired file without labelled
+    test rows has none: :func:`load_images` raises :class:`UserError`), the rest from the train split; each part
+    a fixed random subset.
     """
     kw = dict(size=cfg.data.size, cache_dir=cfg.data.cache_dir, skip_bad_images=cfg.data.skip_bad_images)
+    train = load_images(cfg.data.source, "train", **kw)
     try:
-        data, split = load_images(cfg.data.source, "test", **kw), "test"
+        test = load_images(cfg.data.source, "test", **kw)
     except UserError:
-        data, split = load_images(cfg.data.source, "train", **kw), "train"
-    return data.subset(limit, seed=seed), split
+        test = None
+    n_test = 0 if test is None else min(len(test), limit // 2)
+    n_train = min(len(train), limit - n_test)
+    n_test = 0 if test is None else min(len(test), limit - n_train)
+    parts = [train.subset(n_train, seed=seed)] + ([test.subset(n_test, seed=seed)] if n_test else [])
+    labelled = all(p.labels is not None for p in parts)
+    data = Samples(torch.cat([p.x for p in parts]), torch.cat([p.labels for p in parts]) if labelled else None,
+                   train.classes if labelled else [], cfg.data.source, [path for p in parts for path in p.paths])
+    is_test = torch.arange(len(data)) >= len(parts[0])  # [N]
+    return data, is_test
+
+
+def spread_rows(features: torch.Tensor, labels: torch.Tensor | None, n: int) -> list[int]:
+    """``n`` rows that cover the data: one per class in turn (labelled), else each the farthest (cosine) from
+    those already taken, starting at row 0 (unlabelled): queries and previews not all from one class."""
+    n = min(n, len(features))
+    if labels is not None:
+        by_class = [(labels == c).nonzero().flatten().tolist() for c in labels.unique(sorted=True).tolist()]
+        rounds = [rows[k] for k in range(max(map(len, by_class), default=0)) for rows in by_class if k < len(rows)]
+        return rounds[:n]
+    z = torch.nn.functional.normalize(features.float(), dim=1)  # [N, D]
+    taken = [0] if n else []
+    nearest = z @ z[0] if n else None  # [N] similarity to the closest row taken
+    while len(taken) < n:
+        row = int(nearest.argmin())
+        taken.append(row)
+        nearest = torch.maximum(nearest, z @ z[row])
+    return taken
 
 
 def project_2d(features: torch.Tensor, seed: int = 0) -> tuple[torch.Tensor, str]:

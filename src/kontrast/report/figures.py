@@ -52,14 +52,19 @@ def curves_png(records: list[dict], curves: Sequence[Curve] = CURVES) -> bytes |
 
 
 def map_png(points: torch.Tensor, labels: torch.Tensor | None, classes: Sequence[str], title: str,
-            axis_name: str = "PCA") -> bytes:
-    """Scatter of ``[N, 2]`` points, one colour per label with a legend (up to :data:`MAX_LEGEND` classes)."""
+            axis_name: str = "PCA", marked: torch.Tensor | None = None) -> bytes:
+    """Scatter of ``[N, 2]`` points, one colour per label with a legend (up to :data:`MAX_LEGEND` classes);
+    ``marked`` (bool ``[N]``, e.g. the test split's rows) drawn as crosses, the rest as dots."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 6))
     size = 28 if len(points) <= 200 else 10 if len(points) <= 1000 else 5
     x, y = points[:, 0].tolist(), points[:, 1].tolist()
+    shape = ["x" if m else "o" for m in marked.tolist()] if marked is not None else ["o"] * len(x)
     if labels is None:
-        ax.scatter(x, y, s=size, color="#0969da", alpha=0.7, linewidths=0)
+        for form in sorted(set(shape)):
+            keep = [i for i in range(len(x)) if shape[i] == form]
+            ax.scatter([x[i] for i in keep], [y[i] for i in keep], s=size, color="#0969da", alpha=0.7,
+                       marker=form, linewidths=0 if form == "o" else 1)
     else:
         ids = sorted(set(labels.tolist()))
         cmap = plt.get_cmap("tab10" if len(ids) <= 10 else "tab20" if len(ids) <= 20 else "turbo")
@@ -67,8 +72,10 @@ def map_png(points: torch.Tensor, labels: torch.Tensor | None, classes: Sequence
             keep = (labels == label).nonzero().flatten().tolist()
             name = classes[label] if label < len(classes) else str(label)
             colour = cmap(n if len(ids) <= 20 else n / max(1, len(ids) - 1))
-            ax.scatter([x[i] for i in keep], [y[i] for i in keep], s=size, color=colour, alpha=0.75,
-                       linewidths=0, label=name)
+            for form in sorted({shape[i] for i in keep}):
+                rows = [i for i in keep if shape[i] == form]
+                ax.scatter([x[i] for i in rows], [y[i] for i in rows], s=size, color=colour, alpha=0.75, marker=form,
+                           linewidths=0 if form == "o" else 1, label=name if form == min(shape[i] for i in keep) else None)
         if len(ids) <= MAX_LEGEND:
             ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, markerscale=1.5, frameon=False)
         else:

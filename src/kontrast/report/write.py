@@ -13,13 +13,18 @@ from pathlib import Path
 
 import yaml
 
+from kontrast.checkpoint import read_run_config
 from kontrast.config import Config, to_dict
+import torch
+
 from kontrast.data import Samples
 from kontrast.errors import UserError
 from kontrast.evaluate.features import extract_features
-from kontrast.evaluate.run import load_run, run_views
+from kontrast.evaluate.run import EVAL_FILE, load_run, run_views
+from kontrast.methods.build import run_recipe
 from kontrast.report import figures, page
-from kontrast.report.embedding import caption_of, nearest_neighbours, preview_views, project_2d, report_samples
+from kontrast.report.embedding import (caption_of, nearest_neighbours, preview_views, project_2d, report_samples,
+                                       spread_rows)
 from kontrast.report.metrics import final_metrics, read_json, read_metrics, warnings_of
 
 NUM_QUERIES, NUM_NEIGHBOURS, NUM_PREVIEWS = 6, 5, 4
@@ -27,7 +32,7 @@ Section = tuple[str, str, str]  # (anchor, title, body html)
 
 
 def write_report(run: str | Path, out: str | Path | None = None, *, device: str = "cpu", limit: int = 2000,
-                 seed: int = 0) -> Path:
+                 seed: int = 0, precision: str = "fp32") -> Path:
     """Write the HTML report of ``run`` (a run directory, or one checkpoint folder of it) and return its path.
 
     ``out`` defaults to ``RUN/report.html``. The map, neighbours and views use a fixed random
@@ -44,8 +49,10 @@ def write_report(run: str | Path, out: str | Path | None = None, *, device: str 
         raise UserError(f"report output {out} is a folder; pass a file name such as {out / 'report.html'}")
     records = read_metrics(run_dir / "metrics.jsonl")
     state = read_json(ckpt / "state.json") or {}
-    sections = [summary_section(cfg, run_dir, ckpt, state, records), curves_section(records)]
-    sections += image_sections(cfg, method, run_views(ckpt, cfg, method), device=device, limit=limit, seed=seed)
+    sections = [summary_section(cfg, run_dir, ckpt, state, records), eval_section(run_dir), curves_section(records)]
+    recipe = read_run_config(run_dir)[1].get("recipe") or (method.recipe and run_recipe(cfg, method))
+    sections += image_sections(cfg, method, run_views(ckpt, cfg, method), recipe, device=device, limit=limit,
+                               seed=seed, precision=precision)
     sections.append(("config", "Configuration", page.code_block(yaml.safe_dump(to_dict(cfg), sort_keys=False))))
     subtitle = (f"{cfg.method.name} \u00b7 {cfg.encoder.name} width {cfg.encoder.width} \u00b7 {cfg.data.source} "
                 f"\u00b7 {cfg.data.size} px \u00b7 checkpoint {ckpt.name}")
@@ -76,6 +83,16 @@ def summary_section(cfg: Config, run_dir: Path, ckpt: Path, state: dict, records
     return "summary", "Summary", "\n".join(parts)
 
 
+def eval_section(run_dir: Path) -> Section:
+    """The latest ``kontrast eval`` of the run (``RUN/eval.json``), or how to get one."""
+    scores = read_json(run_dir / EVAL_FILE)
+    if not scores:
+        return "eval", "Evaluation", page.note(f"No evaluation yet: kontrast eval --checkpoint {run_dir} scores the "
+                                               "encoder (kNN, linear probe, clustering) and keeps the result here.")
+    rows = [(k, v) for k, v in scores.items() if not isinstance(v, (dict, list))]
+    return "eval", "Evaluation", page.table(rows)
+
+
 def curves_section(records: list[dict]) -> Section:
     png = figures.curves_png(records)
     if png is None:
@@ -83,40 +100,48 @@ def curves_section(records: list[dict]) -> Section:
     else:
         body = page.figure(png, "training curves against step",
                            "Logged every train.log_every steps; kNN top-1 appears when train.knn_every > 0. "
-                           "The MI bound is the InfoNCE lower bound log N \u2212 L (nats); it cannot exceed log N.")
+                           "The MI bound is the InfoNCE lower bound log N \u2212 L (nats); it cannot exceed log N. "
+                           "Below zero it says nothing about the mutual information: the loss is still above log N "
+                           "(worse than scoring every candidate alike), so there is no evidence yet, not a negative "
+                           "information.")
     return "curves", "Training curves", body
 
 
-def image_sections(cfg: Config, method, specs: tuple, *, device: str, limit: int, seed: int) -> list[Section]:
+def image_sections(cfg: Config, method, specs: tuple, recipe: str | None, *, device: str, limit: int, seed: int,
+                   precision: str = "fp32") -> list[Section]:
     """The embedding map, then (for image methods) nearest neighbours and the recipe's views."""
     try:
-        data, split = report_samples(cfg, limit, seed)
+        data, is_test = report_samples(cfg, limit, seed)
     except UserError as exc:
         return [("embedding", "Embedding map", page.note(
             f"The run's data could not be loaded, so there is no embedding map, neighbours or view preview: {exc}"))]
     mean, std = (specs[0].mean, specs[0].std) if specs else (None, None)
     features = extract_features(method.encoder.to(device), data.x, mean=mean, std=std, device=device,
-                                precision=cfg.train.precision)  # [N, dim] on CPU
-    sections = [map_section(features, data, f"{split} {'sequences' if not specs else 'images'} of {cfg.data.source}",
-                            seed)]
+                                precision=precision)  # [N, dim] on CPU
+    kind = "sequences" if not specs else "images"
+    sections = [map_section(features, data, is_test, kind, seed)]
     if not specs:
         sections.append(("views", "Neighbours and views", page.note(
             f"{cfg.method.name} trains on sequences, not images: there are no images to show as nearest "
             "neighbours and no augmentation recipe to preview.")))
         return sections
-    sections.append(neighbours_section(features, data))
-    sections.append(views_section(cfg, method, data, specs, seed))
+    spread = spread_rows(features, data.labels, max(NUM_QUERIES, NUM_PREVIEWS))  # across classes or the map
+    sections.append(neighbours_section(features, data, spread[:NUM_QUERIES]))
+    sections.append(views_section(recipe, data, specs, spread[:NUM_PREVIEWS], seed))
     return sections
 
 
-def map_section(features, data: Samples, what: str, seed: int) -> Section:
-    """``what``: the rows in words, e.g. "test images of shapes"."""
+def map_section(features, data: Samples, is_test: torch.Tensor, kind: str, seed: int) -> Section:
+    """``kind``: "images" or "sequences"; ``is_test``: bool ``[N]``, the rows of the test split (marked apart)."""
     points, projection = project_2d(features, seed)
-    what = f"{len(data)} {what}"
+    n_test = int(is_test.sum())
+    what = f"{len(data) - n_test} train" + (f" and {n_test} test" if n_test else "") + f" {kind} of {data.name}"
     png = figures.map_png(points, data.labels, data.classes, f"{projection} of frozen encoder features: {what}",
-                          axis_name="PC" if projection == "PCA" else projection)
+                          axis_name="PC" if projection == "PCA" else projection, marked=is_test if n_test else None)
     caption = (f"{projection} of the encoder's {features.shape[1]}-dimensional features (the backbone's output, "
                f"no projection head) of a fixed random subset: {what}.")
+    if n_test:
+        caption += " Training images are dots, held-out test images crosses."
     if projection == "PCA":
         caption += " UMAP is used when the optional umap-learn package is installed."
     if data.labels is None:
@@ -124,8 +149,8 @@ def map_section(features, data: Samples, what: str, seed: int) -> Section:
     return "embedding", "Embedding map", page.figure(png, f"{projection} map of encoder features", caption)
 
 
-def neighbours_section(features, data: Samples) -> Section:
-    queries = list(range(min(NUM_QUERIES, len(data))))
+def neighbours_section(features, data: Samples, queries: list[int]) -> Section:
+    """``queries``: the rows shown with their neighbours (:func:`spread_rows`: across classes)."""
     indices, sims = nearest_neighbours(features, queries, NUM_NEIGHBOURS)
     if indices.shape[1] == 0:
         return "neighbours", "Nearest neighbours", page.note("Too few images for nearest neighbours.")
@@ -138,10 +163,10 @@ def neighbours_section(features, data: Samples) -> Section:
     return "neighbours", "Nearest neighbours", page.figure(png, "query images and their nearest neighbours", caption)
 
 
-def views_section(cfg: Config, method, data: Samples, specs: tuple, seed: int) -> Section:
-    images = data.x[:NUM_PREVIEWS]
+def views_section(recipe: str, data: Samples, specs: tuple, rows: list[int], seed: int) -> Section:
+    """``recipe``: the one the run trained with (its plan's); ``rows``: the images shown (across classes)."""
+    images = data.x[rows]
     views = preview_views(images, specs, seed)
-    recipe = cfg.augment.recipe or method.recipe
     caption = (f"Recipe {recipe!r} ({len(specs)} view spec(s)) applied to {len(images)} images, as training "
                "draws views; the normalisation is undone for display.")
     if len(specs) == 1:

@@ -78,18 +78,17 @@ def _fit(cfg: Config, run_dir: Path, resume: bool, overwrite: bool, progress: bo
     runlog = RunLog(progress)
     monitor = KnnMonitor.create(plan, train.data) if lead else None
     loop = Loop(plan, ctx, schedule, train, run_dir, ranks, Events([runlog, monitor, *listeners]), resume=resume)
-    if resume:
-        loop.restore()
+    if resume and _resume(loop, lead):  # a finished run: said so, nothing changed
+        return _saved_summary(run_dir) or {"method": plan.cfg.method.name, "steps": loop.step}
     if lead:
         print("\n".join(plan.lines()), flush=True)
         prepare_run_dir(run_dir, resume=resume, overwrite=overwrite)  # inputs are valid: now touch the disk
         write_run_config(plan, run_dir)
-    t_start = time.perf_counter()
     loop.run()
-    wall = time.perf_counter() - t_start
+    wall = loop.segment_wall()
     tc = plan.cfg.train
     summary = {"method": plan.cfg.method.name, "steps": loop.step, "epochs": tc.epochs,
-               "wall_s": round(wall, 2),
+               "wall_s": round(loop.wall_before + wall, 2), "segments": loop.segments,
                "img_per_s": round((loop.step - loop.start_step) * tc.batch_size / max(wall, 1e-9), 1),
                "final_loss": runlog.last.get("loss"), "skipped_steps": loop.counters["skipped"]}
     if train.stream is not None:
@@ -97,6 +96,26 @@ def _fit(cfg: Config, run_dir: Path, resume: bool, overwrite: bool, progress: bo
     if lead:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def _resume(loop: "Loop", lead: bool) -> bool:
+    """Restore the newest checkpoint and say so; True when the run had already finished (rank 0 says it)."""
+    ckpt = loop.restore()
+    total, per_epoch, epochs = loop.schedule.total_steps, loop.schedule.steps_per_epoch, loop.plan.cfg.train.epochs
+    if lead and loop.step >= total:
+        print(f"{loop.run_dir} is complete: step {loop.step} of {total} (checkpoint {ckpt}); nothing changed "
+              f"(--epochs above {epochs} extends it)", flush=True)
+    elif lead:
+        print(f"resuming from step {loop.step} of {total} (epoch {loop.step // per_epoch + 1} of {epochs}; "
+              f"checkpoint {ckpt})", flush=True)
+    return loop.step >= total
+
+
+def _saved_summary(run_dir: Path) -> dict | None:
+    try:
+        return json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 @dataclass
@@ -115,6 +134,12 @@ class Loop:
     start_step: int = 0  # the step this process started from (the checkpoint's on --resume)
     epoch: int = 0
     counters: dict = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
+    wall_before: float = 0.0  # seconds of training in the segments before this one (the checkpoint's)
+    segments: int = 1  # this process's segment of the run: 1, then one more per --resume
+    started: float = field(default_factory=time.perf_counter)  # when this segment's steps began
+
+    def segment_wall(self) -> float:
+        return time.perf_counter() - self.started
 
     @property
     def lead(self) -> bool:
@@ -132,7 +157,7 @@ class Loop:
         log_every = self.plan.cfg.train.log_every
         return (self.step % log_every == 0 or self.step == self.schedule.total_steps) and not result.skipped
 
-    def restore(self) -> None:
+    def restore(self) -> Path:
         """Load the newest complete checkpoint: weights, optimizer, generators, the loop's and listeners' state."""
         remove_partial(self.run_dir)  # temporary folders of a checkpoint a crash interrupted
         ckpt = latest_checkpoint(self.run_dir)
@@ -145,8 +170,10 @@ class Loop:
                             f"has {per_epoch} (different data or batch size); resume with the run's own settings")
         set_rng_state(state["rng"], self.ctx.device)
         self.step = self.start_step = state["step"]
+        self.wall_before, self.segments = float(state.get("wall_s", 0.0)), int(state.get("segments", 1)) + 1
         self.counters.update({k: state[k] for k in COUNTERS if k in state})
         self.events.restore(state)
+        return ckpt
 
     def save(self) -> Path:
         """Checkpoint the state after step ``self.step`` (rank 0 writes; the others wait for it)."""
@@ -158,7 +185,8 @@ class Loop:
         s = self.schedule
         state = {"step": step, "epoch": step // s.steps_per_epoch, "total_steps": s.total_steps,
                  "steps_per_epoch": s.steps_per_epoch, "num_samples": s.num_samples,
-                 "method": self.plan.cfg.method.name, **self.counters, **self.events.state()}
+                 "method": self.plan.cfg.method.name, "wall_s": round(self.wall_before + self.segment_wall(), 2),
+                 "segments": self.segments, **self.counters, **self.events.state()}
         path = save_checkpoint(run_dir, ctx.method, ctx.optimizer, state, rng=rng_state(ctx.device),
                                halfway=lambda: self.events.emit("checkpoint_writing", self, step)) if self.lead else None
         if self.ranks.world > 1:
@@ -173,6 +201,7 @@ class Loop:
         self.ctx.method.train()
         batches = epoch_batches(self.train, self.plan.cfg, self.plan.views, self.start_step, ranks.rank, ranks.world,
                                 self.ctx.device)
+        self.started = time.perf_counter()
         try:
             with SignalStop() as stop:
                 self.events.emit("run_start", self)

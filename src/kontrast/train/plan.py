@@ -26,7 +26,8 @@ from kontrast.data import batch_indices
 from kontrast.data.sources import absolute_source
 from kontrast.errors import UserError
 from kontrast.methods.base import Progress, Ranks
-from kontrast.methods.build import build_encoder_args, check_inputs, check_size, create_method, encoder_layers, run_recipe
+from kontrast.methods.build import (build_encoder_args, check_inputs, check_size, create_method, decide_size, encoder_layers,
+                                    run_recipe)
 from kontrast.precision import choose_precision
 from kontrast.registry import METHODS
 from kontrast.train import distributed
@@ -40,7 +41,7 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"device {name!r} requested but no CUDA device is available; use --set train.device=cpu")
+        raise UserError(f"device {name!r} requested but no CUDA device is available; use --device cpu")
     return torch.device(name)
 
 
@@ -54,6 +55,7 @@ class RunPlan:
     rank: int
     world: int  # processes of the run; the global batch is cfg.train.batch_size
     numerics: str  # the line saying which precision and memory layout, and why
+    sized: tuple[str, ...]  # a line for data.size and for encoder.stem where they were auto: what, from what, the --set
     data_why: str  # why this data path
     recipe: str | None  # the views' recipe at data.size; None for a sequence method (it gets the raw batch)
     views: tuple[ViewSpec, ...]  # () for a sequence method
@@ -65,7 +67,7 @@ class RunPlan:
 
     def lines(self) -> list[str]:
         """The start-up lines: numerics, and the views where the recipe is not the method's own at this size."""
-        lines = [self.numerics]
+        lines = [*self.sized, self.numerics]
         native = self.cfg.augment.recipe or METHODS.get(self.cfg.method.name).recipe
         if self.recipe is not None and self.recipe != native:
             lines.append(f"views: {self.recipe!r}, the ImageNet version of {native!r} at data.size "
@@ -76,7 +78,8 @@ class RunPlan:
         """The ``plan:`` section of ``RUN/config.yaml`` (the config sections hold the decided values)."""
         views = [{k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(s).items()}
                  for s in self.views]
-        return {"device": self.device, "world": self.world, "numerics": self.numerics, "data": self.data_why,
+        return {"device": self.device, "world": self.world, "sized": list(self.sized), "numerics": self.numerics,
+                "data": self.data_why,
                 "recipe": self.recipe, "encoder": dict(self.encoder), "views": views}
 
 
@@ -86,6 +89,7 @@ def plan_run(cfg: Config, ranks: Ranks = Ranks()) -> RunPlan:
     device = distributed.local_device(resolve_device(cfg.train.device))
     distributed.check_world(cfg, ranks.world)
     cfg = absolute_paths(cfg)
+    cfg, sized = decide_size(cfg)  # data.size and encoder.stem from the images, where auto
     precision, layout, numerics = choose_precision(cfg.train.precision, cfg.train.channels_last, device,
                                                    encoder_layers(cfg))
     cfg = replace(cfg, train=replace(cfg.train, precision=precision, channels_last=layout))
@@ -98,7 +102,7 @@ def plan_run(cfg: Config, ranks: Ranks = Ranks()) -> RunPlan:
     if recipe is None and (cfg.augment.recipe or cfg.augment.view):
         raise UserError(f"method {cfg.method.name} takes no image augmentation; remove the augment settings")
     views = _views(cfg, recipe) if recipe else ()
-    return RunPlan(cfg=cfg, device=str(device), rank=ranks.rank, world=ranks.world, numerics=numerics,
+    return RunPlan(cfg=cfg, device=str(device), rank=ranks.rank, world=ranks.world, numerics=numerics, sized=tuple(sized),
                    data_why=data_why, recipe=recipe, views=views, encoder=build_encoder_args(cfg))
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from kontrast.checkpoint import latest_checkpoint
 from kontrast.errors import UserError
 
 RUN_MARKERS = ("config.yaml", "checkpoints", "metrics.jsonl")
@@ -30,6 +31,9 @@ def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
         raise UserError(f"output path {run_dir} is a file; choose a directory for --out")
     if holds_run(run_dir) and not (resume or overwrite):
         raise UserError(f"{run_dir} already holds a run; pass --resume to continue it or --overwrite to replace it")
+    if resume and latest_checkpoint(run_dir) is None:  # before any data is read
+        raise UserError(f"--resume: no complete checkpoint in {run_dir}/checkpoints; start a new run instead "
+                        f"(without --resume)")
 
 
 def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:

@@ -45,10 +45,12 @@ def test_rows_are_every_image_in_path_order_with_eval_features(labelled_run):
     cfg, method, _ = load_run(run)
     spec = view_specs(cfg, method)[0]
     test = load_images(str(data), "test", size=16)  # the held-out images eval scores
-    ref = extract_features(method.encoder, test.x, mean=spec.mean, std=spec.std,
-                           precision=cfg.train.precision)  # [n_test, dim]; bf16 where the run trained in it
+    ref = extract_features(method.encoder, test.x, mean=spec.mean, std=spec.std)  # [n_test, dim] fp32, as eval's
     rows = [emb.paths.index(p) for p in test.paths]
     torch.testing.assert_close(emb.features[rows], ref, rtol=1e-5, atol=1e-6)
+    if cfg.train.precision == "bf16":  # the run trained in bf16 (a CPU with native bf16): embed still gives fp32
+        assert not torch.allclose(emb.features[rows], extract_features(method.encoder, test.x, mean=spec.mean,
+                                                                       std=spec.std, precision="bf16"), atol=1e-6)
 
 
 @pytest.mark.parametrize("name", ["e.npy", "e.pt", "e.parquet", "e.csv"])

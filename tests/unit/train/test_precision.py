@@ -51,7 +51,8 @@ def test_a_run_says_what_it_chose_and_keeps_it_in_its_config(tmp_path, capsys, m
                  "--set", "encoder.width=0.25", "--set", "data.size=16", "--no-progress"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("data: ")
-    assert lines[1].startswith("numerics: precision fp32 (auto), channels_last on (auto); CPU ")
+    assert lines[1].startswith("stem: cifar (auto")  # data.size is set; the stem follows it
+    assert lines[2].startswith("numerics: precision fp32 (auto), channels_last on (auto); CPU ")
     train = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["train"]
     assert (train["precision"], train["channels_last"]) == ("fp32", True)  # a resume elsewhere keeps them
 

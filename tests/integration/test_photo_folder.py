@@ -1,0 +1,116 @@
+"""A folder of photos with nothing set: the resolution and stem follow the images, the outputs are fp32 and
+reproducible from the exported transform, a resume says what it does."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from torchvision.io import ImageReadMode, decode_image
+
+from kontrast.data import write_shapes_files
+from kontrast.data.native import native_side
+from kontrast.methods.build import auto_size, decide_size, resolve
+from kontrast.outputs.export import load_backbone
+from support.args import ONE_CPU_THREAD, sets
+from support.cli import cli_run
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> Path:
+    """40 train + 8 test shape photos of 72 px in class folders (JPEG)."""
+    out = tmp_path_factory.mktemp("photos") / "photos"
+    write_shapes_files(out, 40, size=72)
+    return out
+
+
+@pytest.fixture(scope="module")
+def photo_run(photos, tmp_path_factory) -> tuple[Path, str]:
+    """SimCLR on the folder with no data.size and no encoder.stem: one epoch of 2 steps at width 1/8."""
+    run = tmp_path_factory.mktemp("runs") / "photos"
+    r = cli_run(["train", "--data", str(photos), "--epochs", "1", "--batch-size", "16", "--out", str(run),
+                 "--no-progress", *sets(["encoder.width=0.125", *ONE_CPU_THREAD])])
+    assert r.returncode == 0, r.stderr
+    return run, r.stdout
+
+
+def test_size_and_stem_follow_the_images_and_the_run_says_so(photo_run):
+    run, stdout = photo_run
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["data"]["size"] == 72 and saved["encoder"]["stem"] == "imagenet"  # what ran, not auto
+    assert "size: 72 px (auto: the images are 72 px on their shorter side" in stdout and "set data.size=N" in stdout
+    assert "stem: imagenet (auto" in stdout and "set encoder.stem=cifar" in stdout
+    assert "views: 'simclr_imagenet'" in stdout
+
+
+def test_auto_size_rule():
+    assert auto_size("shapes") == (32, auto_size("shapes")[1]) and "own side" in auto_size("shapes")[1]
+    assert native_side("sequences") is None and auto_size("sequences")[0] == 32
+    small = decide_size(resolve({"data": {"source": "shapes"}}))[0]
+    assert (small.data.size, small.encoder.stem) == (32, "cifar")
+    set_by_user = decide_size(resolve({"data": {"size": 96}, "encoder": {"stem": "cifar"}}))
+    assert (set_by_user[0].data.size, set_by_user[0].encoder.stem, set_by_user[1]) == (96, "cifar", [])
+    vit = decide_size(resolve({"data": {"size": 96}, "encoder": {"name": "vit_tiny"}}))[0]
+    assert vit.encoder.stem is None  # no stem to choose
+    cpc = decide_size(resolve({"method": {"name": "cpc_v2"}, "data": {"size": 96}}))[0]
+    assert cpc.encoder.stem == "cifar"  # its encoder sees 8-px patches
+
+
+def test_a_large_photo_trains_at_96(tmp_path):
+    write_shapes_files(tmp_path / "big", 5, size=200)
+    size, why = auto_size(str(tmp_path / "big"))
+    assert size == 96 and "200 px" in why
+
+
+def test_embed_is_fp32_and_the_exported_transform_reproduces_it_from_files(photo_run, photos, tmp_path):
+    run, _ = photo_run
+    r = cli_run(["embed", "--checkpoint", str(run), "--out", str(tmp_path / "e.pt"), "--split", "test",
+                 "--no-progress"])
+    assert r.returncode == 0, r.stderr
+    emb = torch.load(tmp_path / "e.pt")
+    assert emb["embeddings"].dtype == torch.float32
+    r = cli_run(["export", "--checkpoint", str(run), "--out", str(tmp_path / "backbone")])
+    assert r.returncode == 0, r.stderr
+    info = json.loads((tmp_path / "backbone" / "backbone.json").read_text())
+    assert info["preprocessing"]["resize"] == {"shorter_side": 72, "interpolation": "bilinear", "antialias": True,
+                                               "on": "uint8"}
+    encoder = load_backbone(tmp_path / "backbone")
+    files = [photos / p for p in emb["paths"][:4]]
+    x = torch.stack([encoder.transform(decode_image(str(f), mode=ImageReadMode.RGB)) for f in files])  # [4, 3, 72, 72]
+    with torch.no_grad():
+        mine = encoder(x)  # [4, dim]
+    assert torch.allclose(mine, emb["embeddings"][:4], atol=1e-5, rtol=0)
+
+
+def test_resume_says_what_it_does_and_a_finished_run_is_left_alone(photo_run, photos, tmp_path):
+    run, _ = photo_run
+    copy = tmp_path / "copy"
+    import shutil
+
+    shutil.copytree(run, copy)
+    before = {name: (copy / name).read_bytes() for name in ("summary.json", "config.yaml", "metrics.jsonl")}
+    r = cli_run(["train", "--out", str(copy), "--resume", "--no-progress"])
+    assert r.returncode == 0, r.stderr
+    assert "is complete: step 2 of 2" in r.stdout and "nothing changed" in r.stdout
+    assert {name: (copy / name).read_bytes() for name in before} == before
+    r = cli_run(["train", "--out", str(copy), "--resume", "--epochs", "2", "--no-progress"])  # extends it
+    assert r.returncode == 0, r.stderr
+    assert "resuming from step 2 of 4 (epoch 2 of 2; checkpoint" in r.stdout
+    summary = json.loads((copy / "summary.json").read_text())
+    first = json.loads(before["summary.json"])
+    assert summary["segments"] == 2 and summary["steps"] == 4 and summary["wall_s"] > first["wall_s"]
+    assert summary["final_loss"] is not None
+
+
+def test_commands_take_the_run_as_they_are_given_it(photo_run, tmp_path):
+    run, _ = photo_run
+    r = cli_run(["report", "--checkpoint", str(run / "checkpoints"), "--out", str(tmp_path / "r.html"),
+                 "--limit", "24"])
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "r.html").read_text()
+    assert "simclr_imagenet" in text and "crosses" in text  # the recipe that trained; test images marked apart
+    r = cli_run(["report", str(run), "--checkpoint", str(run)])
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
