@@ -289,7 +289,7 @@ def _take_away(args) -> int:
     if args.command == "export":
         from kontrast.outputs.export import export_backbone
 
-        info = export_backbone(args.checkpoint, args.out, overwrite=args.overwrite)
+        info = export_backbone(args.checkpoint, args.out, overwrite=args.overwrite, layout=args.format)
         print(f"wrote {args.out}: {info['architecture']} ({info['format']} state_dict, feature dim "
               f"{info['feature_dim']}); load it with kontrast.load_backbone({str(args.out)!r})")
         return 0

@@ -89,6 +89,9 @@ def _outputs_args(sub) -> None:
     p = sub.add_parser("export", help="the encoder as a torchvision state_dict (safetensors) + a JSON of how to use it")
     p.add_argument("--checkpoint", required=True, help="run directory or one checkpoint folder")
     p.add_argument("--out", required=True, help="folder to write backbone.safetensors and backbone.json into")
+    p.add_argument("--format", choices=["torchvision", "timm"], default="torchvision",
+                   help="key names of the file: torchvision's (the default; kontrast's ResNets and ViTs carry them) "
+                   "or timm's (timm.create_model(..., pretrained=False) loads it strictly; backbone.json gives the call)")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it holds files")
     p = sub.add_parser("report", help="one self-contained HTML page: curves, embedding map, neighbours, views")
     p.add_argument("run", nargs="?", help="run directory (or give it as --checkpoint, as the other commands)")

@@ -114,3 +114,43 @@ def test_commands_take_the_run_as_they_are_given_it(photo_run, tmp_path):
     assert "simclr_imagenet" in text and "crosses" in text  # the recipe that trained; test images marked apart
     r = cli_run(["report", str(run), "--checkpoint", str(run)])
     assert r.returncode == 2 and r.stderr.count("\n") == 1
+
+
+def _timm():
+    """timm, a test extra: skipped where it is not installed, a failure under CI (which installs it)."""
+    import os
+
+    if os.environ.get("CI") == "true":
+        import timm
+        return timm
+    return pytest.importorskip("timm")
+
+
+@pytest.mark.parametrize("encoder", ["resnet18-cifar", "resnet18-imagenet", "vit_tiny"])
+def test_export_in_timms_layout_loads_strictly_and_gives_the_same_features(encoder, tmp_path):
+    timm = _timm()
+    settings = {"resnet18-cifar": ["encoder.stem=cifar"], "resnet18-imagenet": ["encoder.stem=imagenet"],
+                "vit_tiny": ["encoder.name=vit_tiny", "encoder.width=0.5", "encoder.depth=2"]}[encoder]
+    r = cli_run(["train", "--data", "shapes:16", "--epochs", "1", "--batch-size", "8", "--out", str(tmp_path / "run"),
+                 "--no-progress", *sets(["data.size=32", *ONE_CPU_THREAD, *settings])])
+    assert r.returncode == 0, r.stderr
+    r = cli_run(["export", "--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "b"), "--format", "timm"])
+    assert r.returncode == 0, r.stderr
+    info = json.loads((tmp_path / "b" / "backbone.json").read_text())
+    from safetensors.torch import load_file
+
+    model = timm.create_model(info["timm"]["model"], pretrained=False, **info["timm"]["kwargs"])
+    for attr, module in info["timm"]["replace"].items():  # the CIFAR stem
+        setattr(model, attr, eval(module, {"nn": torch.nn}))
+    model.load_state_dict(load_file(str(tmp_path / "b" / "backbone.safetensors")), strict=True)
+    ours = load_backbone(tmp_path / "b")  # reads the timm layout back
+    x = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.allclose(model.eval()(x), ours(x), atol=1e-5, rtol=0)
+
+
+def test_export_in_timms_layout_refuses_what_timm_cannot_hold(photo_run, tmp_path):
+    run, _ = photo_run  # width 0.125
+    r = cli_run(["export", "--checkpoint", str(run), "--out", str(tmp_path / "b"), "--format", "timm"])
+    assert r.returncode == 2 and "timm has no model that holds resnet18 at width 0.125" in r.stderr
+    assert not (tmp_path / "b").exists()

@@ -36,24 +36,30 @@ from kontrast.encoders import TORCHVISION_PREFIX, create_encoder
 from kontrast.encoders.patches import PatchGridEncoder
 from kontrast.encoders.resnet import ResNet
 from kontrast.encoders.vit import VisionTransformer
-from kontrast.encoders.weights import BACKBONE_FILE, load_weights_into
+from kontrast.encoders.weights import BACKBONE_FILE, load_weights_into, read_state_dict
 from kontrast.errors import UserError
 from kontrast.evaluate.run import load_run, run_views
 from kontrast.extract import EncoderWithHead, PooledContext
+from kontrast.outputs.timm_layout import TIMM_RESNETS, from_timm, timm_recipe, to_timm
 
 INFO_FILE = "backbone.json"
 EXPORT_VERSION = 1
-TIMM_RESNETS = ("resnet18", "resnet34", "resnet50")  # timm's own ResNets with torchvision's key names
 INPUT = "float32 [B, 3, H, W]: pixels / 255, then (x - mean) / std per channel"
 
 
-def export_backbone(checkpoint: str | Path, out_dir: str | Path, *, overwrite: bool = False) -> dict:
+def export_backbone(checkpoint: str | Path, out_dir: str | Path, *, overwrite: bool = False,
+                    layout: str = "torchvision") -> dict:
     """Write the encoder of ``checkpoint`` (a run directory -> its newest checkpoint, or one checkpoint
     folder) to ``out_dir`` as ``backbone.safetensors`` + ``backbone.json``; returns the JSON's content.
+
+    ``layout="timm"``: the file in timm's key names, for ``timm.create_model(..., pretrained=False)`` as
+    ``backbone.json``'s ``timm`` entry says (:mod:`kontrast.outputs.timm_layout`; ResNets at width 1, the ViTs).
 
     ``out_dir`` must be new or empty; ``overwrite=True`` replaces an earlier export there. The folder is
     written beside it under a temporary name and renamed into place, so it is never half written.
     """
+    if layout not in ("torchvision", "timm"):
+        raise UserError(f"unknown export format {layout!r}; use torchvision or timm")
     out_dir = Path(out_dir).expanduser().absolute()
     _check_out_dir(out_dir, overwrite)  # before loading anything: a refused --out costs nothing
     cfg, method, ckpt = load_run(checkpoint)
@@ -74,6 +80,13 @@ def export_backbone(checkpoint: str | Path, out_dir: str | Path, *, overwrite: b
     })
     if wrapper:
         info["evaluated_as"] = wrapper
+    if layout == "timm":
+        recipe = timm_recipe(encoder, cfg.encoder.name, cfg.encoder.width)
+        if recipe is None:
+            raise UserError(f"timm has no model that holds {cfg.encoder.name} at width {cfg.encoder.width} (timm "
+                            "takes resnet18/34/50 at width 1, vit_tiny and vit_small); export without --format timm")
+        info.update({"format": "timm", "loads_in_torchvision": False, "timm": recipe})
+        return write_backbone(encoder, info, out_dir, overwrite=overwrite, rename=lambda s: to_timm(s, encoder))
     return write_backbone(encoder, info, out_dir, overwrite=overwrite)
 
 
@@ -202,7 +215,8 @@ def _torchvision_recipe(encoder: nn.Module, arch: str) -> dict:
     return recipe
 
 
-def write_backbone(encoder: nn.Module, info: dict, out_dir: str | Path, *, overwrite: bool = False) -> dict:
+def write_backbone(encoder: nn.Module, info: dict, out_dir: str | Path, *, overwrite: bool = False,
+                   rename=lambda state: state) -> dict:
     """Write ``encoder``'s state_dict and ``info`` (see :func:`backbone_info`) into ``out_dir`` atomically.
 
     Returns ``info`` with ``files`` (sha256 of the tensor file) and ``num_tensors`` added.
@@ -210,7 +224,7 @@ def write_backbone(encoder: nn.Module, info: dict, out_dir: str | Path, *, overw
     out_dir = Path(out_dir).expanduser().absolute()
     _check_out_dir(out_dir, overwrite)
     # contiguous, CPU, unshared (safetensors refuses tensors sharing storage)
-    tensors = {k: v.detach().cpu().contiguous().clone() for k, v in encoder.state_dict().items()}
+    tensors = rename({k: v.detach().cpu().contiguous().clone() for k, v in encoder.state_dict().items()})
     tmp = out_dir.parent / f".tmp-{out_dir.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -272,7 +286,10 @@ def load_backbone(path: str | Path) -> nn.Module:
     folder, info = read_info(path)
     encoder = create_encoder(info["encoder"], stem=info.get("stem"), width=info.get("width", 1.0),
                              **info.get("encoder_options", {}))
-    load_weights_into(encoder, folder / BACKBONE_FILE)
+    if info.get("format") == "timm":  # timm's key names: back to kontrast's
+        encoder.load_state_dict(from_timm(read_state_dict(folder / BACKBONE_FILE), encoder), strict=True)
+    else:
+        load_weights_into(encoder, folder / BACKBONE_FILE)
     encoder.info = info
     encoder.mean, encoder.std, encoder.input_size = info.get("mean"), info.get("std"), info.get("input_size")
     steps = info.get("preprocessing")
