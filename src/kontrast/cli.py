@@ -298,7 +298,9 @@ def _take_away(args) -> int:
     if (args.run is None) == (args.checkpoint is None):
         raise UserError("report takes the run once: kontrast report --checkpoint RUN (or kontrast report RUN)")
     run = args.checkpoint or args.run
-    print(f"wrote {write_report(run, args.out, device=args.device, limit=args.limit, precision=args.precision)}")
+    folder = Path(args.out).expanduser().parent if args.out else None
+    made = f" (created the folder {folder})" if folder is not None and not folder.exists() else ""
+    print(f"wrote {write_report(run, args.out, device=args.device, limit=args.limit, precision=args.precision)}{made}")
     return 0
 
 

@@ -147,6 +147,16 @@ def test_export_in_timms_layout_loads_strictly_and_gives_the_same_features(encod
     x = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.allclose(model.eval()(x), ours(x), atol=1e-5, rtol=0)
+    if encoder == "vit_tiny":  # and a timm ViT's own file starts a kontrast encoder (encoder.weights)
+        from kontrast.encoders import create_encoder
+        from kontrast.encoders.weights import load_weights_into
+
+        fresh = timm.create_model(info["timm"]["model"], pretrained=False, **info["timm"]["kwargs"]).eval()
+        torch.save(fresh.state_dict(), tmp_path / "timm_vit.pth")
+        started = create_encoder("vit_tiny", width=0.5, depth=2, image_size=32).eval()
+        load_weights_into(started, tmp_path / "timm_vit.pth")
+        with torch.no_grad():
+            assert torch.allclose(fresh(x), started(x), atol=1e-5, rtol=0)
 
 
 def test_export_in_timms_layout_refuses_what_timm_cannot_hold(photo_run, tmp_path):
@@ -154,3 +164,20 @@ def test_export_in_timms_layout_refuses_what_timm_cannot_hold(photo_run, tmp_pat
     r = cli_run(["export", "--checkpoint", str(run), "--out", str(tmp_path / "b"), "--format", "timm"])
     assert r.returncode == 2 and "timm has no model that holds resnet18 at width 0.125" in r.stderr
     assert not (tmp_path / "b").exists()
+
+
+def test_a_short_run_logs_every_step_and_keeps_the_choice(photo_run):
+    run, _ = photo_run  # 2 steps: train.log_every auto -> 1
+    assert yaml.safe_load((run / "config.yaml").read_text())["train"]["log_every"] == 1
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if "loss" in r] == [1, 2]
+
+
+def test_log_every_auto_rule():
+    from kontrast.train.plan import plan_run, with_run_length
+
+    plan = plan_run(resolve({"data": {"source": "shapes:32"}}))
+    assert [with_run_length(plan, n).cfg.train.log_every for n in (3, 99, 100, 260, 499, 500, 10_000)] == \
+        [1, 1, 2, 5, 9, 10, 10]
+    set_by_user = plan_run(resolve({"data": {"source": "shapes:32"}, "train": {"log_every": 7}}))
+    assert with_run_length(set_by_user, 3).cfg.train.log_every == 7

@@ -18,7 +18,7 @@ from PIL import Image
 from kontrast.cli import main
 from kontrast.errors import UserError
 from kontrast.report import write_report
-from kontrast.report.embedding import nearest_neighbours, preview_views, project_2d
+from kontrast.report.embedding import nearest_neighbours, preview_views, project_2d, spread_rows
 from kontrast.report.figures import curves_png, map_png
 from kontrast.report.metrics import metric_series, read_metrics, warnings_of
 from kontrast.report.page import PNG_URI, esc, render_page
@@ -230,3 +230,11 @@ def test_report_in_headless_chromium(tiny_report, tmp_path, monkeypatch):
         assert img.size[0] >= 1000 and img.size[1] > 1500
         extrema = img.convert("RGB").getextrema()
         assert any(lo != hi for lo, hi in extrema), "the screenshot is one colour"
+
+
+def test_queries_and_previews_are_spread_over_the_classes_or_the_map():
+    labels = torch.tensor([0] * 10 + [1] * 5 + [2] * 2)  # path order: the first class first
+    rows = spread_rows(torch.randn(17, 4), labels, 6)
+    assert [int(labels[r]) for r in rows] == [0, 1, 2, 0, 1, 2]
+    points = torch.tensor([[1.0, 0.0], [0.99, 0.1], [0.0, 1.0], [-1.0, 0.0], [0.98, 0.2]])  # unlabelled
+    assert spread_rows(points, None, 3) == [0, 3, 2]  # each the farthest from those taken

@@ -117,7 +117,7 @@ class TrainConfig:
     bind_cores: bool = True  # several CPU processes on one node: each on its own cores, where they fit (docs/distributed.md)
     compile: bool = False  # torch.compile the encoder and the view pipeline (docs/lab/performance.md §6; the first step compiles for minutes)
     device: str = checked("auto", pattern=r"auto|cpu|cuda(:\d+)?|mps")  # auto: CUDA where there is one, else the CPU
-    log_every: int = checked(10, ge=1)  # steps between metric lines
+    log_every: int | Literal["auto"] = checked("auto", ge=1)  # steps between metric lines; auto: 10, fewer for a run under 500 steps (about 50 lines)
     knn_every: int = checked(0, ge=0)  # epochs between kNN monitors (0 = off)
     knn_max_train: int = checked(10000, ge=1)  # kNN monitor bank size cap (speed)
     knn_max_test: int = checked(0, ge=0)  # kNN monitor: a fixed random subset of this many test images (0 = all)

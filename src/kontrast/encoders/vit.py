@@ -34,6 +34,7 @@ by ``nn.Identity()``) strictly, with the sin-cos table as its (then learned) pos
 from __future__ import annotations
 
 import math
+import re
 from collections import OrderedDict
 
 import torch
@@ -219,3 +220,53 @@ def vit_tiny(**kw) -> VisionTransformer:
 def vit_small(**kw) -> VisionTransformer:
     """ViT-S (DeiT): dim 384·width, 12 blocks, 6 heads; ~21.7M parameters at 224 px, patch 16."""
     return build_vit("vit_small", **kw)
+
+
+# kontrast (torchvision) ViT name -> timm name, in order; the block index is kept
+_TO_TIMM = [
+    (r"^class_token$", "cls_token"),
+    (r"^conv_proj\.", "patch_embed.proj."),
+    (r"^encoder\.pos_embedding$", "pos_embed"),
+    (r"^encoder\.layers\.encoder_layer_(\d+)\.ln_1\.", r"blocks.\1.norm1."),
+    (r"^encoder\.layers\.encoder_layer_(\d+)\.ln_2\.", r"blocks.\1.norm2."),
+    (r"^encoder\.layers\.encoder_layer_(\d+)\.self_attention\.in_proj_(weight|bias)$", r"blocks.\1.attn.qkv.\2"),
+    (r"^encoder\.layers\.encoder_layer_(\d+)\.self_attention\.out_proj\.", r"blocks.\1.attn.proj."),
+    (r"^encoder\.layers\.encoder_layer_(\d+)\.mlp\.0\.", r"blocks.\1.mlp.fc1."),
+    (r"^encoder\.layers\.encoder_layer_(\d+)\.mlp\.3\.", r"blocks.\1.mlp.fc2."),
+    (r"^encoder\.ln\.", "norm."),
+]
+_FROM_TIMM = [  # timm name -> kontrast (torchvision) name
+    (r"^cls_token$", "class_token"),
+    (r"^patch_embed\.proj\.", "conv_proj."),
+    (r"^pos_embed$", "encoder.pos_embedding"),
+    (r"^blocks\.(\d+)\.norm1\.", r"encoder.layers.encoder_layer_\1.ln_1."),
+    (r"^blocks\.(\d+)\.norm2\.", r"encoder.layers.encoder_layer_\1.ln_2."),
+    (r"^blocks\.(\d+)\.attn\.qkv\.(weight|bias)$", r"encoder.layers.encoder_layer_\1.self_attention.in_proj_\2"),
+    (r"^blocks\.(\d+)\.attn\.proj\.", r"encoder.layers.encoder_layer_\1.self_attention.out_proj."),
+    (r"^blocks\.(\d+)\.mlp\.fc1\.", r"encoder.layers.encoder_layer_\1.mlp.0."),
+    (r"^blocks\.(\d+)\.mlp\.fc2\.", r"encoder.layers.encoder_layer_\1.mlp.3."),
+    (r"^norm\.", "encoder.ln."),
+]
+
+
+
+def timm_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A kontrast ViT's state_dict (torchvision's names) in timm's ``VisionTransformer`` names: the same tensors
+    (q/k/v stacked alike, LayerNorm eps 1e-6, GELU MLP of ratio 4; the fixed positions into timm's ``pos_embed``)."""
+    return _renamed(state, _TO_TIMM)
+
+
+def torchvision_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of :func:`timm_names`: a timm ViT state_dict in the names kontrast's ViT carries."""
+    return _renamed(state, _FROM_TIMM)
+
+
+def _renamed(state: dict[str, torch.Tensor], rules: list[tuple[str, str]]) -> dict[str, torch.Tensor]:
+    out = {}
+    for key, value in state.items():
+        for pattern, new in rules:
+            if re.match(pattern, key):
+                key = re.sub(pattern, new, key)
+                break
+        out[key] = value
+    return out

@@ -6,7 +6,7 @@ pickled code runs), bare or wrapped under ``"state_dict"`` / ``"model"`` as trai
 
 kontrast's ResNets use torchvision's module names (``conv1``, ``bn1``, ``layer1..4``, ``downsample``),
 so torchvision's ``resnet18/34/50`` state_dicts -- and timm's, which share the names -- load as they
-are; ``torchvision:<model>`` encoders are torchvision's models. The classifier (``fc``,
+are; a timm ``VisionTransformer``'s names are mapped to kontrast's ViT (:func:`kontrast.encoders.vit.torchvision_names`); ``torchvision:<model>`` encoders are torchvision's models. The classifier (``fc``,
 ``classifier``, ``head(s)``), which a headless encoder lacks, is dropped, a ``module.`` (DDP) or
 ``encoder.`` prefix carried by every key is stripped, then the load is strict: a missing key or a
 shape that differs (another width or stem) is a one-line :class:`UserError`, never a silent
@@ -24,6 +24,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
+from kontrast.encoders.vit import torchvision_names
 from kontrast.errors import UserError
 
 BACKBONE_FILE = "backbone.safetensors"  # the tensors of a `kontrast export` folder
@@ -99,6 +100,8 @@ def match_state_dict(tensors: dict[str, torch.Tensor], encoder: nn.Module, path:
     """
     expected = encoder.state_dict()
     tensors, stripped = _strip_prefixes(tensors, expected)
+    if "cls_token" in tensors and "class_token" in expected:  # a timm ViT (or a `kontrast export --format timm`)
+        tensors = torchvision_names(tensors)
     dropped = sorted(k for k in tensors if k not in expected and k.startswith(CLASSIFIER_PREFIXES))
     tensors = {k: v for k, v in tensors.items() if k not in dropped}
     for key, value in tensors.items():

@@ -10,41 +10,14 @@ the renamed file and the call that builds the model in ``backbone.json``; :func:
 
 from __future__ import annotations
 
-import re
-
 import torch
 from torch import nn
 
 from kontrast.encoders.resnet import ResNet
-from kontrast.encoders.vit import VisionTransformer
+from kontrast.encoders.vit import VisionTransformer, timm_names, torchvision_names
 
 TIMM_RESNETS = ("resnet18", "resnet34", "resnet50")  # timm's own ResNets with torchvision's key names
 TIMM_VITS = {"vit_tiny": "vit_tiny_patch16_224", "vit_small": "vit_small_patch16_224"}
-# kontrast (torchvision) ViT name -> timm name, in order; the block index is kept
-_VIT_NAMES = [
-    (r"^class_token$", "cls_token"),
-    (r"^conv_proj\.", "patch_embed.proj."),
-    (r"^encoder\.pos_embedding$", "pos_embed"),
-    (r"^encoder\.layers\.encoder_layer_(\d+)\.ln_1\.", r"blocks.\1.norm1."),
-    (r"^encoder\.layers\.encoder_layer_(\d+)\.ln_2\.", r"blocks.\1.norm2."),
-    (r"^encoder\.layers\.encoder_layer_(\d+)\.self_attention\.in_proj_(weight|bias)$", r"blocks.\1.attn.qkv.\2"),
-    (r"^encoder\.layers\.encoder_layer_(\d+)\.self_attention\.out_proj\.", r"blocks.\1.attn.proj."),
-    (r"^encoder\.layers\.encoder_layer_(\d+)\.mlp\.0\.", r"blocks.\1.mlp.fc1."),
-    (r"^encoder\.layers\.encoder_layer_(\d+)\.mlp\.3\.", r"blocks.\1.mlp.fc2."),
-    (r"^encoder\.ln\.", "norm."),
-]
-_BACK = [  # timm name -> kontrast name
-    (r"^cls_token$", "class_token"),
-    (r"^patch_embed\.proj\.", "conv_proj."),
-    (r"^pos_embed$", "encoder.pos_embedding"),
-    (r"^blocks\.(\d+)\.norm1\.", r"encoder.layers.encoder_layer_\1.ln_1."),
-    (r"^blocks\.(\d+)\.norm2\.", r"encoder.layers.encoder_layer_\1.ln_2."),
-    (r"^blocks\.(\d+)\.attn\.qkv\.(weight|bias)$", r"encoder.layers.encoder_layer_\1.self_attention.in_proj_\2"),
-    (r"^blocks\.(\d+)\.attn\.proj\.", r"encoder.layers.encoder_layer_\1.self_attention.out_proj."),
-    (r"^blocks\.(\d+)\.mlp\.fc1\.", r"encoder.layers.encoder_layer_\1.mlp.0."),
-    (r"^blocks\.(\d+)\.mlp\.fc2\.", r"encoder.layers.encoder_layer_\1.mlp.3."),
-    (r"^norm\.", "encoder.ln."),
-]
 
 
 def timm_recipe(encoder: nn.Module, name: str, width: float) -> dict | None:
@@ -70,20 +43,9 @@ def _recipe(model: str, kwargs: dict, replace: dict) -> dict:
 
 def to_timm(state: dict[str, torch.Tensor], encoder: nn.Module) -> dict[str, torch.Tensor]:
     """``encoder``'s state_dict in timm's names (a ResNet's are timm's already)."""
-    return _renamed(state, _VIT_NAMES) if isinstance(encoder, VisionTransformer) else dict(state)
+    return timm_names(state) if isinstance(encoder, VisionTransformer) else dict(state)
 
 
 def from_timm(state: dict[str, torch.Tensor], encoder: nn.Module) -> dict[str, torch.Tensor]:
     """A timm-layout file's tensors in ``encoder``'s (kontrast's) names: the inverse of :func:`to_timm`."""
-    return _renamed(state, _BACK) if isinstance(encoder, VisionTransformer) else dict(state)
-
-
-def _renamed(state: dict[str, torch.Tensor], rules: list[tuple[str, str]]) -> dict[str, torch.Tensor]:
-    out = {}
-    for key, value in state.items():
-        for pattern, new in rules:
-            if re.match(pattern, key):
-                key = re.sub(pattern, new, key)
-                break
-        out[key] = value
-    return out
+    return torchvision_names(state) if isinstance(encoder, VisionTransformer) else dict(state)

@@ -99,7 +99,7 @@ def curves_section(records: list[dict]) -> Section:
         body = page.note("metrics.jsonl is missing or holds no loss, lr, kNN, embedding std or MI-bound values.")
     else:
         body = page.figure(png, "training curves against step",
-                           "Logged every train.log_every steps; kNN top-1 appears when train.knn_every > 0. "
+                           "Logged every train.log_every steps (auto: 10, fewer in a short run); kNN top-1 appears when train.knn_every > 0. "
                            "The MI bound is the InfoNCE lower bound log N \u2212 L (nats); it cannot exceed log N. "
                            "Below zero it says nothing about the mutual information: the loss is still above log N "
                            "(worse than scoring every candidate alike), so there is no evidence yet, not a negative "

@@ -34,7 +34,8 @@ from kontrast.train.data_path import TrainData, bad_image_error, check_batch, ep
 from kontrast.train.events import Events, Listener
 from kontrast.train.guards import SignalStop, floating_state, nonfinite
 from kontrast.train.monitor import KnnMonitor
-from kontrast.train.plan import RunPlan, Schedule, build_run, plan_run, resolve_device, write_run_config
+from kontrast.train.plan import (RunPlan, Schedule, build_run, plan_run, resolve_device, with_run_length,
+                                 write_run_config)
 from kontrast.train.rundir import check_run_dir, prepare_run_dir, rng_state, set_rng_state
 from kontrast.train.runlog import RunLog
 from kontrast.train.step import StepContext, StepResult, train_step
@@ -74,6 +75,7 @@ def _fit(cfg: Config, run_dir: Path, resume: bool, overwrite: bool, progress: bo
     ranks = start_ranks(cfg)
     plan = plan_run(cfg, ranks)  # every decision of the run, once; config.yaml keeps them
     ctx, schedule, train = build_run(plan, ranks, resume=resume)
+    plan = with_run_length(plan, schedule.total_steps)  # train.log_every, where auto
     lead = ranks.rank == 0  # on several processes rank 0 alone writes, logs and monitors
     runlog = RunLog(progress)
     monitor = KnnMonitor.create(plan, train.data) if lead else None

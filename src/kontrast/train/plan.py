@@ -116,6 +116,20 @@ def _views(cfg: Config, recipe: str) -> tuple[ViewSpec, ...]:
         raise
 
 
+LOG_POINTS = 50  # train.log_every auto: at least this many metric lines where a run is shorter than 10 x it
+
+
+def with_run_length(plan: RunPlan, total_steps: int) -> RunPlan:
+    """``plan`` with ``train.log_every`` decided where it is ``auto``: every 10 steps, or every
+    ``total_steps // LOG_POINTS`` (at least 1) for a short run, so its curves have points. The step count is known
+    once the data is (:func:`build_run`), which is why this is the plan's one decision made after it."""
+    tc = plan.cfg.train
+    if tc.log_every != "auto":
+        return plan
+    every = min(10, max(1, total_steps // LOG_POINTS))
+    return replace(plan, cfg=replace(plan.cfg, train=replace(tc, log_every=every)))
+
+
 def absolute_paths(cfg: Config) -> Config:
     """``cfg`` with its paths on disk (data source, cache, initial weights) absolute, as config.yaml keeps them."""
     weights = cfg.encoder.weights and str(Path(cfg.encoder.weights).expanduser().absolute())
