@@ -68,6 +68,9 @@ def test_every_flag_of_every_command_has_help():
     (["train", "--out", "x", "--set", "trian.seed=1"], "did you mean 'train'?"),
     (["train", "--out", "x", "--set", "encoder.name=resnet19"], "did you mean 'resnet18'?"),
     (["train", "--out", "x", "--set", "encoder.name=torchvision:resnet19"], "resnet18"),
+    (["train", "--out", "x", "--method", "SimCLR"], "did you mean 'simclr'?"),  # another case
+    (["trian", "--out", "x"], "did you mean 'train'?"),  # a command
+    (["train", "--out", "x", "--resume"], "--resume: no complete checkpoint in"),  # before any data is read
 ])
 def test_did_you_mean(argv, fragment, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -140,3 +143,36 @@ def test_demo_says_when_it_replaces_an_earlier_run(tmp_path, monkeypatch, capsys
     with pytest.raises(Stop):
         demo.run_demo(tmp_path)
     assert f"replacing the earlier demo run in {tmp_path}" in capsys.readouterr().out
+
+
+def test_the_device_error_names_the_flag(capsys, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: nothing to refuse")
+    assert main(["train", "--out", str(tmp_path / "x"), "--device", "cuda", *TINY]) == 2
+    _one_line_error(capsys, "use --device cpu")
+
+
+def test_nproc_says_what_it_launched_and_warns_on_more_threads_than_cores(tmp_path):
+    from support.cli import cli_run
+
+    r = cli_run(["train", "--nproc", "2", "--data", "shapes:32", "--epochs", "1", "--batch-size", "16", "--out",
+                 str(tmp_path / "run"), *TINY, "--set", "train.num_threads=64"])
+    assert r.returncode == 0, r.stderr
+    assert "launching 2 processes on this node (torchrun, fork), 64 thread(s) each" in r.stdout
+    assert "warning: 2 processes x 64 threads >" in r.stderr and "cores" in r.stderr
+
+
+def test_load_images_all_is_train_and_test_in_path_order():
+    from kontrast.data import load_images
+
+    both = load_images("shapes:40", "all", size=8)
+    train, test = load_images("shapes:40", "train", size=8), load_images("shapes:40", "test", size=8)
+    assert len(both) == len(train) + len(test) and both.paths == sorted(train.paths + test.paths)
+
+
+def test_embed_says_when_it_creates_the_output_folder(tmp_path, capsys, tiny_simclr_run):
+    out = tmp_path / "new" / "dir" / "e.npy"
+    assert main(["embed", "--checkpoint", str(tiny_simclr_run / "checkpoints"), "--out", str(out), "--no-progress"]) == 0
+    assert f"(created the folder {out.parent})" in capsys.readouterr().out and out.is_file()

@@ -65,6 +65,7 @@ def test_a_large_photo_trains_at_96(tmp_path):
     assert size == 96 and "200 px" in why
 
 
+@pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")  # torchvision.io, as kontrast decodes
 def test_embed_is_fp32_and_the_exported_transform_reproduces_it_from_files(photo_run, photos, tmp_path):
     run, _ = photo_run
     r = cli_run(["embed", "--checkpoint", str(run), "--out", str(tmp_path / "e.pt"), "--split", "test",
@@ -107,11 +108,17 @@ def test_resume_says_what_it_does_and_a_finished_run_is_left_alone(photo_run, ph
 
 def test_commands_take_the_run_as_they_are_given_it(photo_run, tmp_path):
     run, _ = photo_run
+    r = cli_run(["eval", "--checkpoint", str(run / "checkpoints" / "step-00000002"), "--no-linear", "--json"])
+    assert r.returncode == 0, r.stderr
+    knn = json.loads(r.stdout)["knn_top1"]
+    assert json.loads((run / "eval.json").read_text())["knn_top1"] == knn  # kept in the run
     r = cli_run(["report", "--checkpoint", str(run / "checkpoints"), "--out", str(tmp_path / "r.html"),
                  "--limit", "24"])
     assert r.returncode == 0, r.stderr
     text = (tmp_path / "r.html").read_text()
     assert "simclr_imagenet" in text and "crosses" in text  # the recipe that trained; test images marked apart
+    assert 'id="eval"' in text and str(knn) in text  # the latest eval
+    assert "no evidence yet" in text  # what a negative MI bound means
     r = cli_run(["report", str(run), "--checkpoint", str(run)])
     assert r.returncode == 2 and r.stderr.count("\n") == 1
 
@@ -181,3 +188,45 @@ def test_log_every_auto_rule():
         [1, 1, 2, 5, 9, 10, 10]
     set_by_user = plan_run(resolve({"data": {"source": "shapes:32"}, "train": {"log_every": 7}}))
     assert with_run_length(set_by_user, 3).cfg.train.log_every == 7
+
+
+@pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")  # torchvision.io, as kontrast decodes
+def test_width_one_embeddings_are_reproduced_in_plain_torchvision_and_in_timm(photos, tmp_path):
+    """The Done-when of the photo folder: a ResNet-18 trained on the folder with nothing set, its `embed` features
+    (fp32) rebuilt from the JPEG files by a user's own code: torchvision's resnet18 (or timm's) as backbone.json says,
+    and the preprocessing written out in torchvision transforms from the JSON's fields."""
+    from safetensors.torch import load_file
+    from torchvision.transforms import InterpolationMode, v2
+
+    run = tmp_path / "run"
+    r = cli_run(["train", "--data", str(photos), "--epochs", "1", "--batch-size", "16", "--out", str(run),
+                 "--no-progress", *sets(ONE_CPU_THREAD)])
+    assert r.returncode == 0, r.stderr
+    assert cli_run(["embed", "--checkpoint", str(run), "--out", str(tmp_path / "e.pt"), "--split", "test",
+                    "--no-progress"]).returncode == 0
+    emb = torch.load(tmp_path / "e.pt")
+    files = [photos / p for p in emb["paths"][:4]]
+    models = {}
+    assert cli_run(["export", "--checkpoint", str(run), "--out", str(tmp_path / "tv")]).returncode == 0
+    info = json.loads((tmp_path / "tv" / "backbone.json").read_text())
+    import torchvision
+
+    model = torchvision.models.resnet18(weights=None)
+    model.fc = torch.nn.Identity()  # the ImageNet stem: nothing else to replace
+    model.load_state_dict(load_file(str(tmp_path / "tv" / "backbone.safetensors")), strict=True)
+    models["torchvision"] = model
+    timm = _timm()
+    assert cli_run(["export", "--checkpoint", str(run), "--out", str(tmp_path / "timm"), "--format", "timm"]).returncode == 0
+    spec = json.loads((tmp_path / "timm" / "backbone.json").read_text())["timm"]
+    models["timm"] = timm.create_model(spec["model"], pretrained=False, **spec["kwargs"])
+    models["timm"].load_state_dict(load_file(str(tmp_path / "timm" / "backbone.safetensors")), strict=True)
+    steps = info["preprocessing"]
+    transform = v2.Compose([v2.Resize(steps["resize"]["shorter_side"], interpolation=InterpolationMode.BILINEAR,
+                                      antialias=True), v2.CenterCrop(steps["center_crop"]),
+                            v2.ToDtype(torch.float32, scale=True),
+                            v2.Normalize(steps["normalize"]["mean"], steps["normalize"]["std"])])
+    x = torch.stack([transform(decode_image(str(f), mode=ImageReadMode.RGB)) for f in files])  # [4, 3, 72, 72]
+    for name, model in models.items():
+        with torch.no_grad():
+            mine = model.eval()(x)  # [4, 512]
+        assert torch.allclose(mine, emb["embeddings"][:4], atol=1e-5, rtol=0), name
