@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from kontrast.augment import ViewSpec
 from kontrast.checkpoint import RUN_CONFIG, STATE_FILE, latest_checkpoint, load_weights, read_run_config
 from kontrast.config import Config
 from kontrast.data import load_images
+from kontrast.data.cache import write_atomic
 from kontrast.errors import UserError
 from kontrast.evaluate.finetune import check_finetune_args, finetune_top1
 from kontrast.evaluate.protocol import evaluate_encoder
@@ -98,9 +98,7 @@ def evaluate_run(path: str | Path, data: str | None = None, *, device: str = "cp
 
 def _keep_in_run(path: Path, result: dict) -> None:
     """The latest scores, in the run (``RUN/eval.json``: the report shows them); written whole or not at all."""
-    tmp = path.with_name(f".{path.name}.partial")
     try:
-        tmp.write_text(json.dumps(result, indent=1))
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(result, indent=1).encode())
     except OSError:  # a read-only run directory: the scores are still printed
-        tmp.unlink(missing_ok=True)
+        pass

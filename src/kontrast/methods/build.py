@@ -56,13 +56,14 @@ def auto_size(source: str) -> tuple[int, str]:
     return size, f"{size} px (auto: the images are {side} px on their shorter side; {NATIVE_SIZE} px and more train at up to {AUTO_SIZE})"
 
 
-def auto_stem(cfg: Config, size: int) -> str | None:
+def auto_stem(cfg: Config, size: int) -> tuple[str | None, int]:
     """``encoder.stem: auto`` for a kontrast ResNet: ``imagenet`` (7x7 stride 2 + max-pool) when what the encoder
-    sees is ``NATIVE_SIZE`` px or more, else ``cifar`` (3x3, no max-pool); None for encoders without a stem."""
-    if cfg.encoder.name not in RESNETS:
-        return None
+    sees is ``NATIVE_SIZE`` px or more, else ``cifar`` (3x3, no max-pool); None for encoders without a stem. With
+    the side the encoder sees (:meth:`Method.encoder_side`)."""
     side = METHODS.get(cfg.method.name).encoder_side(cfg.method.params, size)
-    return "imagenet" if side >= NATIVE_SIZE else "cifar"
+    if cfg.encoder.name not in RESNETS:
+        return None, side
+    return ("imagenet" if side >= NATIVE_SIZE else "cifar"), side
 
 
 def decide_size(cfg: Config) -> tuple[Config, list[str]]:
@@ -75,11 +76,11 @@ def decide_size(cfg: Config) -> tuple[Config, list[str]]:
         lines.append(f"size: {why}; set data.size=N to choose")
     stem = cfg.encoder.stem
     if stem == "auto":
-        stem = auto_stem(cfg, size)
+        stem, side = auto_stem(cfg, size)
         if stem is not None:
             other = "cifar" if stem == "imagenet" else "imagenet"
-            lines.append(f"stem: {stem} (auto: the encoder sees {METHODS.get(cfg.method.name).encoder_side(cfg.method.params, size)} px "
-                         f"{'>=' if stem == 'imagenet' else '<'} {NATIVE_SIZE}); set encoder.stem={other} to change")
+            lines.append(f"stem: {stem} (auto: the encoder sees {side} px {'>=' if stem == 'imagenet' else '<'} "
+                         f"{NATIVE_SIZE}); set encoder.stem={other} to change")
     if (size, stem) == (cfg.data.size, cfg.encoder.stem):
         return cfg, lines
     return replace(cfg, data=replace(cfg.data, size=size), encoder=replace(cfg.encoder, stem=stem)), lines
