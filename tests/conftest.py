@@ -12,6 +12,36 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # several test processes share the co
     torch.set_num_threads(1)
 
 
+# The suite's longest tests on the 2-core CI machine (their durations there, in seconds), run first so the two test
+# processes end together: pytest-xdist's worksteal hands each process half of the list and lets an idle one take the
+# tail of the other's queue, so a long test left at the end runs alone (infomin's, last, cost about 4 minutes).
+LONGEST = {"test_learning[infomin]": 300, "test_learning[dino]": 130, "test_learning_on_a_vit": 110,
+           "test_learning[byol]": 85, "test_learning[moco_v2]": 85, "test_learning[cpc_v2]": 85,
+           "test_learning[moco_v1]": 75, "test_cell_trains_resumes_and_embeds_or_refuses_in_one_line[amdim-large-"
+           "resnet18-cifar-32-bf16-cl-stream-2]": 75, "test_learning[barlow_twins]": 73, "test_learning[nnclr]": 72,
+           "test_learning[clip]": 69, "test_learning[spectral]": 54, "test_learning[swav]": 49,
+           "test_learning[dcl]": 47, "test_learning[dclw]": 45, "test_learning[amdim]": 42,
+           "test_cell_trains_resumes_and_embeds_or_refuses_in_one_line[cpc-large-bf16-1]": 41,
+           "test_learning[yadim]": 37}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under ``-n 2`` each process's half of the list starts with long tests (:data:`LONGEST`, dealt out longest
+    first to the half with less so far), so both begin with them and the short ones fill the end; the rest keep
+    their order. Without xdist the order is unchanged."""
+    if os.environ.get("PYTEST_XDIST_WORKER_COUNT") != "2":
+        return
+    long = sorted((item for item in items if item.name in LONGEST), key=lambda item: -LONGEST[item.name])
+    rest = [item for item in items if item.name not in LONGEST]
+    halves, sums = ([], []), [0, 0]
+    for item in long:
+        side = sums.index(min(sums))
+        halves[side].append(item)
+        sums[side] += LONGEST[item.name]
+    cut = len(items) // 2 - len(halves[0])  # worksteal gives the first process len // 2 tests, the other the rest
+    items[:] = halves[0] + rest[:cut] + halves[1] + rest[cut:]
+
+
 @pytest.fixture
 def shared_cifar_tar() -> Path:
     """../shared/data/cifar10-jpeg.tar.gz; skips when absent, fails when absent under CI=true."""

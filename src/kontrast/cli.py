@@ -226,7 +226,8 @@ def _eval(args) -> int:
 
     result = evaluate_run(args.checkpoint, args.data, device=args.device, linear=not args.no_linear,
                           clustering=not args.no_clustering, labels_fraction=args.labels_fraction,
-                          finetune_epochs=args.finetune_epochs, precision=args.precision)
+                          finetune_epochs=args.finetune_epochs, precision=args.precision,
+                          linear_weight_decay=args.linear_weight_decay)
     print(json.dumps(result) if args.json else _eval_line(result))
     return 0
 
@@ -334,8 +335,9 @@ def _eval_line(result: dict) -> str:
     """``kontrast eval``'s one line of figures."""
     parts = [f"kNN top-1 {result['knn_top1']:.4f}"]
     names = [("linear_top1", "linear top-1"), ("zeroshot_top1", "zero-shot top-1"), ("kmeans_nmi", "k-means NMI"),
-             ("kmeans_ari", "ARI"), ("kmeans_acc", "Hungarian accuracy")]
-    parts += [f"{label} {result[key]:.4f}" for key, label in names if key in result]
+             ("kmeans_ami", "AMI"), ("kmeans_ari", "ARI"), ("kmeans_acc", "Hungarian accuracy")]
+    parts += [f"{label} {result[key]:.4f}" + (f" (chance {result[key + '_chance']:.4f})" if key + "_chance" in result
+                                              else "") for key, label in names if key in result]
     if "finetune_top1" in result:
         parts.append(f"fine-tuned on {result['labels_fraction']:g} of the labels ({result['finetune_labelled']} "
                      f"images, {result['finetune_epochs']} epochs) top-1 {result['finetune_top1']:.4f}")

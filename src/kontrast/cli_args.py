@@ -12,6 +12,19 @@ PRECISION_HELP = ("the encoder's arithmetic: fp32 (the default, the same feature
                   "(bf16 where the device computes it natively)")
 
 
+def _auto_or_float(text: str):
+    """``auto`` or a non-negative number (argparse type)."""
+    if text == "auto":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected auto or a number >= 0, got {text!r}")
+    return value
+
+
 def _precision_arg(p) -> None:
     p.add_argument("--precision", choices=["fp32", "bf16", "auto"], default="fp32", help=PRECISION_HELP)
 
@@ -63,8 +76,11 @@ def _eval_args(sub) -> None:
     p.add_argument("--device", default="cpu", help=DEVICE_HELP)
     _precision_arg(p)
     p.add_argument("--no-linear", action="store_true", help="no linear probe")
-    p.add_argument("--no-clustering", action="store_true", help="no k-means of the test features (NMI, ARI, "
-                   "Hungarian accuracy)")
+    p.add_argument("--linear-weight-decay", type=_auto_or_float, default=None, metavar="WD",
+                   help="the linear probe's weight decay (default: the run's eval.linear_weight_decay, auto: chosen "
+                   "on a held-out tenth of the training labels, never on the test split)")
+    p.add_argument("--no-clustering", action="store_true", help="no k-means of the test features (NMI, AMI, ARI, "
+                   "Hungarian accuracy, each with its chance level)")
     p.add_argument("--labels-fraction", type=float, default=0.0, metavar="F",
                    help="also fine-tune the encoder with a linear head on this class-balanced fraction of the "
                    "training labels (e.g. 0.01 or 0.1, SimCLR's protocol) and score it on the test split")

@@ -79,14 +79,17 @@ class DINOHead(nn.Module):
 
     ``embed(x [N, in]) -> [N, bottleneck]``: a ``layers``-deep MLP (GELU, weights trunc-normal std 0.02, biases 0;
     ``bn``: BatchNorm1d after each hidden linear layer, which then has no bias: the authors' ``use_bn_in_head``,
-    default off), L2-normalised. ``prototypes(z) -> [N, K]``: a weight-normalised linear layer with its gain fixed
-    at 1 (``norm_last_layer``), i.e. ``z @ (V / |V|)^T`` per row of ``V [K, bottleneck]``; ``frozen``: no
-    gradient reaches ``V`` (the authors' ``freeze_last_layer``). ``forward = prototypes(embed(x))``.
+    default off), L2-normalised. ``prototypes(z) -> [N, K]``: a weight-normalised linear layer
+    ``z @ (g V / |V|)^T`` per row of ``V [K, bottleneck]``, its gain ``g [K, 1]`` fixed at 1 with
+    ``norm_last_layer`` (the authors' default; ``z @ (V / |V|)^T``) or learned from 1 without it (their choice
+    for ViT-S); ``frozen``: no gradient reaches ``V`` or ``g`` (the authors' ``freeze_last_layer``).
+    ``forward = prototypes(embed(x))``.
     Unlike SwAV's :class:`Prototypes` (rows renormalised after each step), ``V`` itself is free and its
     gradient passes through the normalisation, as ``nn.utils.weight_norm`` with ``weight_g`` frozen.
     """
 
-    def __init__(self, dim_in: int, hidden: int, bottleneck: int, count: int, layers: int = 3, bn: bool = False):
+    def __init__(self, dim_in: int, hidden: int, bottleneck: int, count: int, layers: int = 3, bn: bool = False,
+                 norm_last_layer: bool = True):
         super().__init__()
         self.mlp = mlp([dim_in, *[hidden] * (layers - 1), bottleneck], norm=bn, act=nn.GELU)
         for m in self.mlp.modules():
@@ -95,6 +98,7 @@ class DINOHead(nn.Module):
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
         self.last = nn.Linear(bottleneck, count, bias=False)  # V [K, bottleneck], nn.Linear's init (the authors')
+        self.gain = None if norm_last_layer else nn.Parameter(torch.ones(count, 1))  # g [K, 1]: weight_norm's weight_g
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         return F.normalize(self.mlp(x), dim=1)  # [N, bottleneck]
@@ -103,7 +107,10 @@ class DINOHead(nn.Module):
         """Cosines with the prototypes in float32 even under bf16 autocast (DINO divides them by tau_t = 0.04)."""
         v = self.last.weight.detach() if frozen else self.last.weight  # [K, bottleneck]
         with float32(z):
-            return at_least_float32(z) @ F.normalize(at_least_float32(v), dim=1).T  # [N, K]
+            w = F.normalize(at_least_float32(v), dim=1)  # [K, bottleneck] unit rows
+            if self.gain is not None:
+                w = w * (self.gain.detach() if frozen else self.gain)  # [K, bottleneck] g_k V_k / |V_k|
+            return at_least_float32(z) @ w.T  # [N, K]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.prototypes(self.embed(x))  # [N, K]

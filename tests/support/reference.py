@@ -90,18 +90,20 @@ def naive_spectral(z1, z2, mu):
     return (-2 * pos + neg) / mu
 
 
-def naive_dcl(z1, z2, tau, sigma=None):
+def naive_dcl(z1, z2, tau, sigma=None, weight_gradient=False):
     """Eq. 6 loop by loop: for view k of image i, -w_i cos(z_i^1, z_i^2)/tau + log sum over the 2(B-1) views of
     the other images of exp(cos/tau); mean over the 2B anchors. DCLW: w_i = 2 - exp(cos_ii'/sigma) / mean_j
-    exp(cos_jj'/sigma), a constant weight (computed from plain floats, so no gradient flows through it)."""
+    exp(cos_jj'/sigma); ``weight_gradient``: computed from the tensors, so the gradient flows through it (the
+    authors' ``weight_fn``), else from plain floats, a constant (lightly's)."""
     b = z1.shape[0]
     z = torch.cat([z1, z2])
-    pos_cos = [float(cosine64(z1[j], z2[j]).detach()) for j in range(b)]
-    mean_exp = sum(math.exp(c / sigma) for c in pos_cos) / b if sigma else None
+    pos_cos = [cosine64(z1[j], z2[j]) if weight_gradient else float(cosine64(z1[j], z2[j]).detach()) for j in range(b)]
+    exp = torch.exp if weight_gradient else math.exp
+    mean_exp = sum(exp(c / sigma) for c in pos_cos) / b if sigma else None
     total = 0
     for i in range(2 * b):
         image, other = i % b, (i + b) % (2 * b)
-        w = 2 - math.exp(pos_cos[image] / sigma) / mean_exp if sigma else 1.0
+        w = 2 - exp(pos_cos[image] / sigma) / mean_exp if sigma else 1.0
         negatives = sum(torch.exp(cosine64(z[i], z[k]) / tau) for k in range(2 * b) if k not in (i, other))
         total = total - w * cosine64(z[i], z[other]) / tau + torch.log(negatives)
     return total / (2 * b)
@@ -127,8 +129,9 @@ def naive_dino(student, teacher, centre, tau_s, tau_t):
     return total / pairs
 
 
-def naive_vicreg(z1, z2, lam, mu, nu, eps=1e-4):
-    """Bardes et al. 2022, eq. 1-6 / Algorithm 1, term by term with loops: (total, s, v(z1) + v(z2), c(z1) + c(z2))."""
+def naive_vicreg(z1, z2, lam, mu, nu, eps=1e-4, variance_views="sum"):
+    """Bardes et al. 2022, eq. 1-6 / Algorithm 1, term by term with loops: (total, s, v(z1) + v(z2), c(z1) + c(z2));
+    ``variance_views="mean"``: the authors' main_vicreg.py, v(z1) / 2 + v(z2) / 2."""
     n, d = z1.shape
     s = sum((z1[b, i] - z2[b, i]) ** 2 for b in range(n) for i in range(d)) / (n * d)  # MSE
     v, c = 0.0, 0.0
@@ -136,7 +139,8 @@ def naive_vicreg(z1, z2, lam, mu, nu, eps=1e-4):
         means = [sum(z[b, i] for b in range(n)) / n for i in range(d)]
         for i in range(d):
             var = sum((z[b, i] - means[i]) ** 2 for b in range(n)) / (n - 1)
-            v = v + torch.clamp(1 - torch.sqrt(var + eps), min=0) / d  # hinge at gamma = 1, mean over dims
+            share = 2 if variance_views == "mean" else 1
+            v = v + torch.clamp(1 - torch.sqrt(var + eps), min=0) / d / share  # hinge at gamma = 1, mean over dims
         for i in range(d):
             for j in range(d):
                 if i != j:
@@ -242,3 +246,22 @@ def naive_nmi(a: list[int], b: list[int]) -> float:
     mi = sum(p * math.log(p / (pa[x] * pb[y])) for (x, y), p in pab.items() if p > 0)
     h = lambda q: -sum(p * math.log(p) for p in q.values())  # noqa: E731
     return mi / ((h(pa) + h(pb)) / 2)
+
+
+def naive_ami(a: list[int], b: list[int]) -> float:
+    """Vinh, Epps & Bailey 2010: (MI - E[MI]) / (mean(H(a), H(b)) - E[MI]), with E[MI] summed over every
+    possible cell count under the hypergeometric model, P(n_ij = n) = C(a_i, n) C(N - a_i, b_j - n) / C(N, b_j)."""
+    n = len(a)
+    sa = [a.count(x) for x in sorted(set(a))]
+    sb = [b.count(y) for y in sorted(set(b))]
+    emi = 0.0
+    for ai in sa:
+        for bj in sb:
+            for nij in range(max(1, ai + bj - n), min(ai, bj) + 1):
+                p = math.comb(ai, nij) * math.comb(n - ai, bj - nij) / math.comb(n, bj)
+                emi += p * nij / n * math.log(n * nij / (ai * bj))
+    nmi_value = naive_nmi(a, b)
+    h = lambda sizes: -sum(s / n * math.log(s / n) for s in sizes)  # noqa: E731
+    mean_h = (h(sa) + h(sb)) / 2
+    mi = nmi_value * mean_h
+    return (mi - emi) / (mean_h - emi)

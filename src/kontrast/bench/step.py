@@ -24,7 +24,7 @@ from kontrast.config import Config
 from kontrast.methods.base import Progress
 from kontrast.precision import autocast
 from kontrast.train.data_path import TrainData
-from kontrast.train.optim import lr_schedule
+from kontrast.train.optim import lr_schedule, weight_decay_schedule
 from kontrast.train.plan import build_run, plan_run
 from kontrast.train.step import PHASES, train_step
 
@@ -80,6 +80,7 @@ def step_breakdown(cfg: Config, data, *, iters: int) -> dict:
     ctx, _, _ = build_run(plan, train=TrainData(data, line=""))
     tc, method = plan.cfg.train, ctx.method
     ctx.lrs = lr_schedule(ctx.peak_lr, STEPS, 0, plan.cfg.optim.min_lr).tolist()
+    ctx.wds = weight_decay_schedule(plan.cfg.optim, STEPS)
     targets = [m for m in method.modules() if type(m) is type(method.encoder) and m is not method.encoder]
     one_step = _stepper(ctx, tc, [method.encoder, *targets])
     method.train()

@@ -89,6 +89,7 @@ class EncoderConfig:
     depth: int | None = checked(None, ge=1)  # vit_*: blocks (null: 12); amdim: blocks per stage (null: 3)
     patch_size: int | None = checked(None, ge=1)  # vit_* only (null: 4 up to 64 px, 8 up to 128, else 16)
     freeze_patch_embed: bool = False  # vit_* only: MoCo v3's frozen random patch projection
+    drop_path: float = checked(0.0, ge=0, lt=1)  # vit_* only: stochastic depth, rising linearly to this over the blocks
     weights: str | None = None  # start from a local state_dict: torchvision / timm file or a `kontrast export` folder
 
 
@@ -99,8 +100,10 @@ class OptimConfig:  # fallbacks: each method states its recipe's optimizer in Me
     lr_batch: int = checked(256, ge=1)  # the batch size `lr` is given for
     momentum: float = checked(0.9, ge=0, lt=1)  # sgd and lars
     weight_decay: float = checked(5e-4, ge=0)  # never applied to norms and biases
+    weight_decay_end: float | None = checked(None, ge=0)  # null: weight_decay throughout; else a cosine to this (DINO's ViT)
     warmup_epochs: float = checked(0.0, ge=0)  # linear warm-up, then cosine to min_lr
-    min_lr: float = checked(0.0, ge=0, le=1)  # as a fraction of the peak lr
+    min_lr: float = checked(0.0, ge=0)  # the last step's lr, absolute (not scaled by batch size); below the peak
+    clip_grad: float = checked(0.0, ge=0)  # clip each parameter's gradient to this L2 norm (DINO's clip_grad; 0 = off)
     betas: tuple[float, float] = checked((0.9, 0.999), ge=0, lt=1)  # adamw only
     lars_eta: float = checked(0.02, gt=0)  # lars only: trust coefficient
     lars_clip: bool = False  # lars only: solo-learn's clipped form, lr_eff = min(eta ||w|| / (||g|| + wd ||w||), lr)
@@ -135,6 +138,7 @@ class EvalConfig:
     knn_k: int = checked(200, ge=1)  # neighbours of the weighted kNN classifier (Wu et al. 2018)
     knn_temperature: float = checked(0.1, gt=0)  # the kNN vote weights exp(cosine / this)
     linear_epochs: int = checked(100, ge=0)  # epochs of the linear probe on frozen features (0 = no probe)
+    linear_weight_decay: float | Literal["auto"] = checked("auto", ge=0)  # auto: chosen on a tenth of the training labels, never the test split
     batch_size: int = checked(512, ge=1)  # feature-extraction batch of the evaluation
 
 

@@ -11,6 +11,8 @@ import math
 import torch
 import torch.nn as nn
 
+from kontrast.encoders.vit import DropPath
+
 
 def cosine_momentum(base: float, progress: float) -> float:
     """BYOL's schedule: ``1 - (1 - base) * (cos(pi * progress) + 1) / 2``, rising from base to 1.
@@ -25,7 +27,8 @@ class MomentumTarget(nn.Module):
 
     The copy's parameters never receive gradients and are not handed to the
     optimizer; its buffers (BatchNorm statistics) are its own, updated by its
-    own forward passes as in MoCo and BYOL.
+    own forward passes as in MoCo and BYOL. Its stochastic depth is off (DINO's
+    teacher is built without it): a target is a function of its input.
     """
 
     def __init__(self, online: nn.Module):
@@ -33,6 +36,9 @@ class MomentumTarget(nn.Module):
         self.net = copy.deepcopy(online)
         for p in self.net.parameters():
             p.requires_grad_(False)
+        for m in self.net.modules():
+            if isinstance(m, DropPath):
+                m.p = 0.0
 
     @torch.no_grad()
     def update(self, online: nn.Module, momentum: float) -> None:

@@ -21,6 +21,8 @@ Options (config keys ``encoder.*``):
 - ``width`` scales the head dimension: ``64 · width`` rounded to a multiple of 8 (at least 8); heads and
   depth stay, ``dim = heads · head_dim`` (vit_tiny at width 0.125: dim 24). Width 1 = the DeiT sizes.
 - ``depth``: the number of blocks (None: 12).
+- ``drop_path``: stochastic depth (:class:`DropPath`), rising linearly from 0 at the first block to this at
+  the last (DINO's ViTs: 0.1); momentum targets turn it off (:class:`kontrast.encoders.target.MomentumTarget`).
 No ``zero_init_residual``: with every block the identity the class token would not depend on the image
 (measured: no gradient reaches the encoder through the heads' BatchNorm); ``kontrast.methods.build.resolve``
 leaves SimSiam's, Barlow Twins' and VICReg's ResNet default of it out on a ViT.
@@ -93,11 +95,33 @@ class Attention(nn.Module):
         return self.out_proj(out.transpose(1, 2).reshape(b, n, d))  # [B, N, D]
 
 
-class Block(nn.Module):
-    """Pre-norm transformer block: ``x + attn(LN(x))``, then ``x + mlp(LN(x))``."""
+class DropPath(nn.Module):
+    """Stochastic depth (Huang et al. 2016, https://arxiv.org/abs/1603.09382) on a residual branch: in training,
+    each sample's branch output is zeroed with probability ``p`` and the kept ones scaled by ``1 / (1 - p)``
+    (DINO's and timm's ``drop_path``); the identity in eval mode or at ``p = 0``. The mask is drawn from the
+    global generator, which the training step seeds from (seed, step): a resumed run draws the same masks."""
 
-    def __init__(self, dim: int, heads: int):
+    def __init__(self, p: float = 0.0):
         super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        keep = torch.rand(x.shape[0], *[1] * (x.dim() - 1), device=x.device) >= self.p  # [B, 1, 1] per sample
+        return x * keep.to(x.dtype) / (1.0 - self.p)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p:g}"
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: ``x + drop(attn(LN(x)))``, then ``x + drop(mlp(LN(x)))`` (``drop``:
+    :class:`DropPath`, the identity unless ``encoder.drop_path`` is set)."""
+
+    def __init__(self, dim: int, heads: int, drop_path: float = 0.0):
+        super().__init__()
+        self.drop_path = DropPath(drop_path)
         self.ln_1 = nn.LayerNorm(dim, eps=LN_EPS)
         self.self_attention = Attention(dim, heads)
         self.ln_2 = nn.LayerNorm(dim, eps=LN_EPS)
@@ -106,17 +130,19 @@ class Block(nn.Module):
                                               ("3", nn.Linear(MLP_RATIO * dim, dim))]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attention(self.ln_1(x))  # [B, N, D]
-        return x + self.mlp(self.ln_2(x))  # [B, N, D]
+        x = x + self.drop_path(self.self_attention(self.ln_1(x)))  # [B, N, D]
+        return x + self.drop_path(self.mlp(self.ln_2(x)))  # [B, N, D]
 
 
 class Blocks(nn.Module):
     """torchvision's ``Encoder`` part: the position table, the blocks and the final LayerNorm."""
 
-    def __init__(self, dim: int, heads: int, depth: int, grid: tuple[int, int]):
+    def __init__(self, dim: int, heads: int, depth: int, grid: tuple[int, int], drop_path: float = 0.0):
         super().__init__()
         self.register_buffer("pos_embedding", with_class_position(sincos_2d(dim, *grid)))  # [1, 1 + N, D] fixed
-        self.layers = nn.Sequential(OrderedDict((f"encoder_layer_{i}", Block(dim, heads)) for i in range(depth)))
+        rates = torch.linspace(0, drop_path, depth).tolist()  # rising over the blocks (DINO's, DeiT's)
+        self.layers = nn.Sequential(OrderedDict((f"encoder_layer_{i}", Block(dim, heads, rates[i]))
+                                                for i in range(depth)))
         self.ln = nn.LayerNorm(dim, eps=LN_EPS)
 
 
@@ -128,6 +154,7 @@ class VisionTransformer(nn.Module):
         image_size: the training resolution; sets the default patch size and the stored position table.
         patch_size: pixels per patch side (None: :func:`default_patch_size`).
         freeze_patch_embed: keep the random patch projection fixed (MoCo v3).
+        drop_path: stochastic depth of the last block; block i drops at ``drop_path · i / (depth - 1)``.
 
     Attributes:
         dim: feature size; ``map_dims = (dim,)``: ``forward_maps`` gives one map, the patch tokens.
@@ -135,7 +162,7 @@ class VisionTransformer(nn.Module):
     """
 
     def __init__(self, dim: int, heads: int, depth: int = DEPTH, *, image_size: int = 224,
-                 patch_size: int | None = None, freeze_patch_embed: bool = False):
+                 patch_size: int | None = None, freeze_patch_embed: bool = False, drop_path: float = 0.0):
         super().__init__()
         patch_size = patch_size or default_patch_size(image_size)
         if image_size % patch_size:
@@ -148,7 +175,7 @@ class VisionTransformer(nn.Module):
         self.conv_proj = nn.Conv2d(3, dim, kernel_size=patch_size, stride=patch_size)
         self.class_token = nn.Parameter(torch.zeros(1, 1, dim))
         grid = image_size // patch_size
-        self.encoder = Blocks(dim, heads, depth, (grid, grid))  # torchvision's name for this part
+        self.encoder = Blocks(dim, heads, depth, (grid, grid), drop_path)  # torchvision's name for this part
         self._init()
         self.conv_proj.requires_grad_(not freeze_patch_embed)
 

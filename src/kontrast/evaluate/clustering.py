@@ -1,5 +1,6 @@
 """Clustering: k-means (k-means++ seeding, restarts), spectral clustering of a weighted graph,
-and the scores of a clustering against labels (adjusted Rand index, NMI, Hungarian accuracy).
+and the scores of a clustering against labels (adjusted Rand index, NMI, adjusted mutual information,
+Hungarian accuracy), each beside its chance level on the same split.
 
 Written in torch because the project has no scikit-learn dependency and these are a few
 dozen lines; tests check the scores against their textbook formulas and k-means on separated blobs.
@@ -96,17 +97,72 @@ def hungarian_accuracy(clusters: torch.Tensor, labels: torch.Tensor) -> float:
     return float(table[rows, cols].sum()) / len(torch.as_tensor(labels))
 
 
-def cluster_scores(features: torch.Tensor, labels: torch.Tensor, *, seed: int = 0) -> dict[str, float]:
+def cluster_scores(features: torch.Tensor, labels: torch.Tensor, *, seed: int = 0,
+                   chance_draws: int = 20) -> dict[str, float]:
     """k-means with as many clusters as classes on L2-normalised features [N, D], scored against labels [N].
 
     Normalised because the methods train cosine geometry (the kNN monitor reads cosine too). Returns
-    ``{"kmeans_nmi", "kmeans_ari", "kmeans_acc"}`` (accuracy after Hungarian matching).
+    ``kmeans_nmi``, ``kmeans_ami``, ``kmeans_ari``, ``kmeans_acc`` (accuracy after Hungarian matching) and for
+    each its ``_chance``: the mean score of ``chance_draws`` random assignments with the same cluster sizes
+    (the clusters' labels shuffled over the samples). NMI and accuracy are far from 0 by chance on a small
+    split; AMI and ARI are corrected for it (their chance level is about 0).
     """
     k = int(torch.as_tensor(labels).unique().numel())
     clusters = kmeans(F.normalize(features.double(), dim=1), k, seed=seed, restarts=4)  # [N]
+    out = clustering_scores(clusters, labels)
+    g = torch.Generator().manual_seed(seed)
+    draws = [clustering_scores(clusters[torch.randperm(len(clusters), generator=g)], labels)
+             for _ in range(chance_draws)]
+    out.update({f"{name}_chance": sum(d[name] for d in draws) / chance_draws for name in list(out)})
+    return out
+
+
+def clustering_scores(clusters: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+    """NMI, AMI, ARI and Hungarian accuracy of a clustering [N] against labels [N], as ``kmeans_*``."""
     return {"kmeans_nmi": normalized_mutual_info(clusters, labels),
+            "kmeans_ami": adjusted_mutual_info(clusters, labels),
             "kmeans_ari": adjusted_rand_index(clusters, labels),
             "kmeans_acc": hungarian_accuracy(clusters, labels)}
+
+
+def _entropy(p: torch.Tensor) -> float:
+    p = p[p > 0]
+    return float(-(p * p.log()).sum())
+
+
+def expected_mutual_info(a_sizes: torch.Tensor, b_sizes: torch.Tensor) -> float:
+    """E[I(a; b)] over labelings with these cluster sizes drawn at random (the hypergeometric model; Vinh,
+    Epps & Bailey 2010, https://jmlr.org/papers/v11/vinh10a.html, eq. 24a): sizes [Ka], [Kb] -> nats.
+
+    ``sum_ij sum_n n/N log(N n / (a_i b_j)) P(n_ij = n)``, ``n`` from ``max(1, a_i + b_j - N)`` to
+    ``min(a_i, b_j)``, with the hypergeometric probability in log-gamma form (float64)."""
+    a, b = a_sizes.double(), b_sizes.double()  # [Ka], [Kb]
+    n_total = float(a.sum())
+    n = torch.arange(1, int(min(a.max(), b.max())) + 1, dtype=torch.float64)  # [M] every possible n_ij
+    ai, bj, nn_ = a[:, None, None], b[None, :, None], n[None, None, :]  # [Ka,1,1], [1,Kb,1], [1,1,M]
+    valid = (nn_ >= (ai + bj - n_total).clamp_min(1)) & (nn_ <= torch.minimum(ai, bj))  # [Ka, Kb, M]
+    lg = torch.lgamma
+    log_p = (lg(ai + 1) + lg(bj + 1) + lg(n_total - ai + 1) + lg(n_total - bj + 1) - lg(torch.tensor(n_total + 1, dtype=torch.float64))
+             - lg(nn_ + 1) - lg((ai - nn_).clamp_min(0) + 1) - lg((bj - nn_).clamp_min(0) + 1)
+             - lg((n_total - ai - bj + nn_).clamp_min(0) + 1))  # [Ka, Kb, M] log P(n_ij = n)
+    term = nn_ / n_total * torch.log(n_total * nn_ / (ai * bj)) * log_p.exp()  # [Ka, Kb, M]
+    return float(torch.where(valid, term, torch.zeros(())).sum())
+
+
+def adjusted_mutual_info(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``(I - E[I]) / ((H(a) + H(b)) / 2 - E[I])`` of two labelings [N] (Vinh et al. 2010; scikit-learn's
+    ``adjusted_mutual_info_score`` with its default arithmetic mean): 1 identical up to renaming, about 0 by
+    chance (:func:`expected_mutual_info`). Two identical trivial labelings give 1."""
+    table = contingency(a, b)  # [Ka, Kb]
+    p = table / table.sum()
+    pa, pb = p.sum(1), p.sum(0)
+    nz = p > 0
+    mi = float((p[nz] * (p[nz] / (pa[:, None] * pb[None, :])[nz]).log()).sum())
+    emi = expected_mutual_info(table.sum(1), table.sum(0))
+    top = (_entropy(pa) + _entropy(pb)) / 2
+    if top == emi:  # both labelings trivial
+        return 1.0
+    return (mi - emi) / (top - emi)
 
 
 def adjusted_rand_index(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -5,7 +5,9 @@ The protocol of SimCLR (Chen et al. 2020, https://arxiv.org/abs/2002.05709, appe
 (https://arxiv.org/abs/2006.10029, section 4), with 1 % or 10 % of the labels: SGD with Nesterov momentum
 0.9, learning rate 0.05 x batch / 256, no warm-up, no weight decay or other regularisation, crops and
 horizontal flips as the only augmentation (:func:`finetune_view`), 60 epochs on 1 % of the labels and 30
-on 10 %. A fine-tuned copy is trained; the run's encoder is left as it was.
+on 10 %; every labelled image in every epoch (:func:`epoch_batches`). These hyperparameters are the paper's,
+fixed in advance: none is chosen on the test split. A fine-tuned copy is trained; the run's encoder is left as
+it was.
 """
 
 from __future__ import annotations
@@ -59,6 +61,13 @@ def finetune_view(size: int, mean, std) -> ViewSpec:
                     jitter_p=0.0, gray_p=0.0, mean=tuple(mean), std=tuple(std))
 
 
+def epoch_batches(order: torch.Tensor, batch: int) -> tuple[torch.Tensor, ...]:
+    """``order`` [n] in ``ceil(n / batch)`` batches of near-equal size, each at most ``batch``: every image is
+    seen each epoch (500 labels at batch 256: 250 + 250, not 256 and 244 dropped), and no batch is left with
+    one image (BatchNorm needs two)."""
+    return torch.tensor_split(order, -(-len(order) // batch))
+
+
 def finetune_top1(
     encoder: nn.Module, train: Samples, test: Samples, fraction: float, *, mean, std, epochs: int = 0,
     batch_size: int = 256, lr: float = 0.05, seed: int = 0, device: str = "cpu", precision: str = "fp32",
@@ -84,8 +93,7 @@ def finetune_top1(
     g = torch.Generator().manual_seed(seed)
     for _ in range(epochs):
         order = torch.randperm(len(rows), generator=g)  # [n]
-        for start in range(0, len(rows) - batch + 1, batch):  # full batches only (BatchNorm needs 2+ samples)
-            idx = order[start:start + batch]
+        for idx in epoch_batches(order, batch):  # every labelled image, every epoch
             x = make_views(images[idx], [spec], g)[0].to(device)  # [b, 3, H, W] crop + flip, normalised
             with autocast(device, precision):
                 logits = head(model(x))  # [b, classes]

@@ -30,7 +30,11 @@ def score_features(
     """kNN top-1 (and linear-probe top-1, and k-means of the test features against their labels)."""
     out = {"knn_top1": knn_top1(train_x, train_y, test_x, test_y, k=cfg.knn_k, temperature=cfg.knn_temperature)}
     if linear:
-        out["linear_top1"] = linear_probe(train_x, train_y, test_x, test_y, epochs=cfg.linear_epochs)["top1"]
+        probe = linear_probe(train_x, train_y, test_x, test_y, epochs=cfg.linear_epochs,
+                             weight_decay=cfg.linear_weight_decay)
+        out["linear_top1"], out["linear_weight_decay"] = probe["top1"], probe["weight_decay"]
+        if "val_top1" in probe:
+            out["linear_val_top1"] = probe["val_top1"]  # on the held-out tenth of the training split
     if clustering:
         out.update(cluster_scores(test_x, test_y))
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from kontrast.augment import ViewSpec
@@ -64,12 +65,13 @@ def _num_samples(ckpt: Path) -> int:
 
 def evaluate_run(path: str | Path, data: str | None = None, *, device: str = "cpu", linear: bool = True,
                  clustering: bool = True, labels_fraction: float = 0.0, finetune_epochs: int = 0,
-                 precision: str = "fp32") -> dict:
+                 precision: str = "fp32", linear_weight_decay: float | str | None = None) -> dict:
     """kNN and linear-probe top-1 of a run's encoder on ``data`` (default: its training source), k-means
-    clustering of its test features (NMI, ARI, Hungarian accuracy), and with ``labels_fraction`` the test
+    clustering of its test features (NMI, AMI, ARI, Hungarian accuracy, each with its chance level), and with ``labels_fraction`` the test
     top-1 after fine-tuning on that class-balanced fraction of the training labels (evaluate/finetune.py).
     ``precision``: the encoder's arithmetic, fp32 by default whatever the run trained in, so scores do not depend on
-    the machine (``auto``: bf16 where the device computes it natively). The result is also kept in the run as
+    the machine (``auto``: bf16 where the device computes it natively). ``linear_weight_decay``: the probe's, over
+    the run's ``eval.linear_weight_decay`` (``auto``: chosen on a held-out tenth of the training labels). The result is also kept in the run as
     ``RUN/eval.json`` (the report shows it)."""
     if labels_fraction or finetune_epochs < 0:
         check_finetune_args(labels_fraction, finetune_epochs)
@@ -81,7 +83,8 @@ def evaluate_run(path: str | Path, data: str | None = None, *, device: str = "cp
     specs = run_views(ckpt, cfg, method)  # the recipe's normalisation; none for sequences
     spec = specs[0] if specs else None
     mean, std = (spec.mean, spec.std) if spec else (None, None)
-    result = evaluate_encoder(method.encoder.to(device), train, test, cfg.eval, mean=mean, std=std,
+    scoring = cfg.eval if linear_weight_decay is None else replace(cfg.eval, linear_weight_decay=linear_weight_decay)
+    result = evaluate_encoder(method.encoder.to(device), train, test, scoring, mean=mean, std=std,
                               device=device, precision=precision, linear=linear,
                               clustering=clustering)
     if labels_fraction:

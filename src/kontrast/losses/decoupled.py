@@ -43,13 +43,13 @@ def decoupled_info_nce(scores: torch.Tensor, b: int, offset: int = 0,
     return (negatives - positive).mean()
 
 
-@torch.no_grad()
 def von_mises_fisher_weights(positive_cosines: torch.Tensor, sigma: float = 0.5) -> torch.Tensor:
     """DCLW's weights ``2 - N exp(c_i / sigma) / sum_k exp(c_k / sigma)`` of N positive pairs: [N] -> [N].
 
-    positive_cosines: [N] cosine of each image's two views, for every image of the (global) batch.
-    Detached (a weighting of the positive term, as lightly's ``negative_mises_fisher_weights``; the
-    normalisation runs over the whole batch, every rank's pairs on W ranks).
+    positive_cosines: [N] cosine of each image's two views, for every image of the (global) batch (the
+    normalisation runs over the whole batch, every rank's pairs on W ranks). Differentiable: the authors'
+    ``weight_fn`` lets the gradient flow through the weights; detach the cosines first for lightly's form
+    (``negative_mises_fisher_weights`` under ``torch.no_grad``).
     """
     n = positive_cosines.shape[0]
     return 2 - n * torch.softmax(at_least_float32(positive_cosines) / sigma, dim=0)  # [N]

@@ -60,11 +60,13 @@ def barlow_twins_loss(z1: torch.Tensor, z2: torch.Tensor,
 
 
 def vicreg_loss(z1: torch.Tensor, z2: torch.Tensor, sim_coeff: float, std_coeff: float, cov_coeff: float,
-                eps: float = 1e-4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                eps: float = 1e-4, variance_views: str = "sum") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """VICReg's loss of ``z1, z2`` [N, D] (N >= 2): ``(total, invariance, variance, covariance)``, each 0-d.
 
     invariance: ``mean((z1 - z2)^2)`` over N x D; variance: ``mean_d relu(1 - sqrt(Var(z_d) + eps))``
-    summed over both views (gamma = 1, unbiased variance); covariance: ``sum_{i != j} Cov(z)_ij^2 / D``
+    summed over both views (gamma = 1, unbiased variance; ``variance_views="sum"``: the paper's Algorithm 1 and
+    solo-learn) or their mean (``"mean"``: half that, the authors' ``main_vicreg.py``, whose coefficients 25 / 25 / 1
+    then weigh the variance half as much); covariance: ``sum_{i != j} Cov(z)_ij^2 / D``
     summed over both views, ``Cov = zc^T zc / (N - 1)``. ``total = sim_coeff * invariance +
     std_coeff * variance + cov_coeff * covariance`` (the paper's lambda, mu, nu).
     """
@@ -80,5 +82,7 @@ def vicreg_loss(z1: torch.Tensor, z2: torch.Tensor, sim_coeff: float, std_coeff:
             zc = z - z.mean(0)  # [N, D]
             cov = zc.T @ zc / (n - 1)  # [D, D]
             covariance = covariance + off_diagonal(cov).pow(2).sum() / d  # c(Z)
+        if variance_views == "mean":
+            variance = variance / 2  # main_vicreg.py: relu(1 - std_x).mean() / 2 + relu(1 - std_y).mean() / 2
         total = sim_coeff * invariance + std_coeff * variance + cov_coeff * covariance
         return total, invariance, variance, covariance

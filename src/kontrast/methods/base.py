@@ -91,7 +91,10 @@ class Method(nn.Module):
     Subclasses set ``name``, ``description`` (one line), ``recipe`` (an augment
     recipe name), ``Params`` (a frozen dataclass of their hyperparameters, paper
     defaults) and optionally ``defaults`` (overrides of other config sections,
-    e.g. BYOL's LARS optimizer). ``fixed_lr_modules`` names submodules whose
+    e.g. BYOL's LARS optimizer) and ``vit_defaults`` (applied over them when the encoder is
+    a ViT: DINO's and MoCo v3's ViT recipes; :func:`kontrast.methods.build.method_defaults`).
+    A ``Params`` may define ``resolved(cfg)`` (its ``auto`` values decided from the config) and
+    ``lines(cfg)`` (start-up lines saying what it decided). ``fixed_lr_modules`` names submodules whose
     learning rate stays at the peak instead of following the schedule (SimSiam's predictor).
     ``retired_state`` names state-dict entries that checkpoints of older versions hold and this
     one no longer keeps (SwAV's ``steps``); loading a checkpoint drops them.
@@ -102,6 +105,8 @@ class Method(nn.Module):
     recipe: ClassVar[str]
     Params: ClassVar[type]
     defaults: ClassVar[Mapping[str, Any]] = {}
+    vit_defaults: ClassVar[Mapping[str, Any]] = {}  # over `defaults` on a ViT encoder: the paper's ViT recipe
+    vit_recipe: ClassVar[str] = ""  # where vit_defaults come from (said at start-up)
     fixed_lr_modules: tuple[str, ...] = ()
     distributed: ClassVar[bool] = False  # True once the method computes the same on W ranks as on one (tests/integration/test_distributed.py)
     sync_bn: ClassVar[bool] = True  # train.sync_bn applies (False: the method keeps its own BN groups, MoCo's shuffling BN)

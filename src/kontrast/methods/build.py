@@ -36,6 +36,8 @@ def resolve(raw: dict | None = None) -> Config:
     check_encoder_name(cfg.encoder.name)  # a mistyped name is the first thing said, before any data is read
     if hasattr(cfg.method.params, "validate"):  # checks spanning sections, e.g. MoCo's queue vs the batch size
         cfg.method.params.validate(cfg)
+    if hasattr(cfg.method.params, "resolved"):  # its auto values, from the config (DINO's teacher momentum)
+        cfg = replace(cfg, method=replace(cfg.method, params=cfg.method.params.resolved(cfg)))
     return cfg
 
 
@@ -99,15 +101,42 @@ def read_resolved(raw: dict) -> Config:
 
 
 def method_defaults(cls: type[Method], raw: dict) -> dict:
-    """``cls.defaults``, less ``encoder.zero_init_residual`` where the encoder is a ViT and the user left the key
-    unset: that default is the authors' ResNet's, and a ViT whose blocks all start as the identity gives every
-    image the same class token (no gradient through the heads' BatchNorm: nothing trains)."""
-    defaults = dict(cls.defaults)
-    user = raw.get("encoder") or {}
-    name = user.get("name", (defaults.get("encoder") or {}).get("name", "resnet18"))
-    if name in VIT_SIZES and "zero_init_residual" not in user and "zero_init_residual" in defaults.get("encoder", {}):
-        defaults["encoder"] = {k: v for k, v in defaults["encoder"].items() if k != "zero_init_residual"}
-    return defaults
+    """The method's defaults for the configured encoder: ``cls.defaults``, and over them ``cls.vit_defaults`` where
+    the encoder is a ViT (the paper's ViT recipe: DINO's and MoCo v3's AdamW). On a ViT without ``encoder.
+    zero_init_residual`` from the ResNet recipe: that default is the authors' ResNet's, and a ViT whose blocks all
+    start as the identity gives every image the same class token (no gradient through the heads' BatchNorm)."""
+    if not is_vit(cls, raw):
+        return dict(cls.defaults)
+    defaults = {section: dict(values) for section, values in cls.defaults.items()}
+    defaults.get("encoder", {}).pop("zero_init_residual", None)
+    return merge(defaults, cls.vit_defaults)
+
+
+def is_vit(cls: type[Method], raw: dict) -> bool:
+    """Whether the encoder of ``raw`` (the user's, else the method's default) is one of kontrast's ViTs."""
+    name = (raw.get("encoder") or {}).get("name", (cls.defaults.get("encoder") or {}).get("name", "resnet18"))
+    return name in VIT_SIZES
+
+
+def recipe_lines(cfg: Config) -> list[str]:
+    """Start-up lines naming the recipe a method took for its encoder family, with the values the run uses
+    (the user's where set), and what its parameters decided (``Params.lines``: DINO's teacher momentum)."""
+    cls = METHODS.get(cfg.method.name)
+    params = cfg.method.params
+    lines = list(params.lines(cfg)) if hasattr(params, "lines") else []
+    if not cls.vit_defaults:
+        return lines
+    vit = cfg.encoder.name in VIT_SIZES
+    keys = cls.vit_defaults if vit else cls.defaults
+    values = ", ".join(f"{section}.{key}={_value(cfg, section, key)}" for section, own in keys.items() for key in own)
+    if vit:
+        return [f"recipe: {cfg.method.name} on a ViT takes {cls.vit_recipe}: {values} (--set changes any)", *lines]
+    return [f"recipe: {cfg.method.name} on a {cfg.encoder.name}: {values} (a ViT encoder takes {cls.vit_recipe})", *lines]
+
+
+def _value(cfg: Config, section: str, key: str) -> str:
+    value = getattr(cfg.method.params if section == "method" else getattr(cfg, section), key)
+    return f"{value:g}" if isinstance(value, float) else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def create_method(cfg: Config, num_samples: int = 0, *, pretrained: bool = True, ranks: Ranks = Ranks()) -> Method:
@@ -134,7 +163,8 @@ ENCODER_OPTIONS = {"zero_init_residual": "set encoder.zero_init_residual=false",
                    "torch_init": "set encoder.torch_init=false (it applies to kontrast's ResNets)",
                    "depth": "remove encoder.depth (it applies to vit_tiny, vit_small and amdim)",
                    "patch_size": "remove encoder.patch_size (it applies to vit_tiny and vit_small)",
-                   "freeze_patch_embed": "set encoder.freeze_patch_embed=false (it applies to vit_tiny and vit_small)"}
+                   "freeze_patch_embed": "set encoder.freeze_patch_embed=false (it applies to vit_tiny and vit_small)",
+                   "drop_path": "set encoder.drop_path=0 (it applies to vit_tiny and vit_small)"}
 
 
 def build_encoder_args(cfg: Config) -> dict:

@@ -2,7 +2,10 @@
 
 augment: SimCLR CIFAR recipe -> encoder -> mlp(dim, dim, 128) -> cosine / tau -> decoupled InfoNCE (eq. 6):
 ``-w s_ii' + log sum_{j != i, i'} exp s_ij`` over the 2B views (losses/decoupled.py). DCLW weights the
-positive term by ``w = 2 - B softmax(cos_ii' / sigma)`` over the batch's pairs (sigma 0.5, the paper's).
+positive term by ``w = 2 - B softmax(cos_ii' / sigma)`` over the batch's pairs (sigma 0.5, the paper's), with
+the gradient flowing through ``w`` as in the authors' code (raminnakhli/Decoupled-Contrastive-Learning's
+``weight_fn``); ``method.detach_weights=true`` gives lightly's ``DCLWLoss``, which computes ``w`` without
+gradient (the two gradients differ: tests/unit/losses).
 Only the loss differs from SimCLR (``simclr.py``): the head, recipe and optimizer are SimCLR's (SGD lr 0.06 x
 batch/256, weight decay 5e-4, as lightly's CIFAR-10 benchmark runs DCL and DCLW). tau 0.1: lightly's DCLLoss
 default, used by its CIFAR-10 benchmark, and the CIFAR-10 script of raminnakhli/Decoupled-Contrastive-Learning
@@ -31,6 +34,7 @@ class DCLParams(SimCLRParams):
 @dataclass(frozen=True)
 class DCLWParams(DCLParams):
     sigma: float = checked(0.5, gt=0)  # scale of the von Mises-Fisher weighting (paper: 0.5)
+    detach_weights: bool = False  # true: no gradient through the weights (lightly's DCLWLoss); false: the authors' weight_fn
 
 
 @METHODS.register("dcl")
@@ -61,7 +65,7 @@ class DCLW(DCL):
     Params = DCLWParams
 
     def weights(self, candidates: torch.Tensor, b: int) -> torch.Tensor:
-        pairs = candidates.detach().unflatten(0, (-1, 2, b))  # [W, 2, B, proj_dim] every rank's two views
+        pairs = (candidates.detach() if self.params.detach_weights else candidates).unflatten(0, (-1, 2, b))  # [W, 2, B, D]
         cos = paired_cosine(pairs[:, 0].flatten(0, 1), pairs[:, 1].flatten(0, 1))  # [BW] cos(z_k, z_k')
         w = von_mises_fisher_weights(cos, self.params.sigma)[self.ranks.own(b)]  # [B] this rank's images
         return torch.cat([w, w])  # [2B] both views of an image share its pair's weight

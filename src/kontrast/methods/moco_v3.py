@@ -12,7 +12,9 @@ candidates are the keys of the other view of every image in the batch (Algorithm
 without its 2 tau factor); it is negative while CE > log B (queries worse than chance), as any InfoNCE bound.
 The views are forwarded separately (BN statistics per view, as the paper's per-view calls).
 CIFAR-scale defaults from solo-learn's CIFAR recipe: 2-layer projector (the paper's ImageNet
-ResNet uses 3), tau 0.2, LARS lr 0.3, weight decay 1e-6, 10 warm-up epochs.
+ResNet uses 3), tau 0.2, LARS lr 0.3, weight decay 1e-6, 10 warm-up epochs. On a ViT encoder the
+paper's ViT recipe instead (:attr:`MoCoV3.vit_defaults`; moco-v3's CONFIG.md): AdamW lr 1.5e-4 x
+batch / 256, weight decay 0.1, 40 warm-up epochs, the random patch projection frozen (sec. 4.2).
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ class MoCoV3(Method):
     Params = MoCoV3Params
     distributed = True
     defaults = {"optim": {"name": "lars", "lars_clip": True, "lr": 0.3, "weight_decay": 1e-6, "warmup_epochs": 10.0}}
+    vit_recipe = "the paper's ViT recipe, moco-v3's CONFIG.md"
+    vit_defaults = {"optim": {"name": "adamw", "lr": 1.5e-4, "lr_batch": 256, "weight_decay": 0.1, "warmup_epochs": 40.0},
+                    "encoder": {"freeze_patch_embed": True}}
 
     def __init__(self, encoder, params: MoCoV3Params, num_samples: int = 0, ranks: Ranks = Ranks()):
         super().__init__(encoder, params, num_samples, ranks)

@@ -4,7 +4,8 @@ augment: BYOL's asymmetric pair at CIFAR scale (``byol_cifar``, no blur; the pap
 encoder -> expander mlp(dim, 2048, 2048, 2048) (3 layers, BN + ReLU on the hidden two, as the authors'
 ``Projector``) -> over the global batch ``25 * mse(z1, z2) + 25 * [v(z1) + v(z2)] + 1 * [c(z1) + c(z2)]``
 (Algorithm 1; ``losses/redundancy.py``): v a hinge keeping each dimension's std above 1, c the
-off-diagonal covariances squared / D. As in the authors' code, each view goes through the encoder and
+off-diagonal covariances squared / D. The authors' ``main_vicreg.py`` halves the variance term (the mean over
+the two views, not the sum): ``method.variance_views=mean``; the default is the paper's and solo-learn's sum. As in the authors' code, each view goes through the encoder and
 expander on its own (BN statistics per view) and the ResNet starts with zero-initialised residual blocks
 (``encoder.zero_init_residual``). The paper's expander is 8192-8192-8192 on ImageNet; the CIFAR scale
 here is solo-learn's (scripts/pretrain/cifar/vicreg.yaml): 2048 wide, the paper's coefficients
@@ -33,6 +34,7 @@ class VICRegParams:
     sim_coeff: float = checked(25.0, ge=0)  # lambda, invariance
     std_coeff: float = checked(25.0, ge=0)  # mu, variance (0 = the ablation that collapses)
     cov_coeff: float = checked(1.0, ge=0)  # nu, covariance
+    variance_views: str = checked("sum", choices=("sum", "mean"))  # the variance term over the views: sum (Algorithm 1, solo-learn) or mean (main_vicreg.py: half)
 
 
 @METHODS.register("vicreg")
@@ -56,6 +58,7 @@ class VICReg(Method):
         z1, z2 = (self.projector(self.encoder(v)) for v in views[:2])  # [B, D] each
         # the global batch: variance and covariance need every rank's samples (one process: z itself)
         z1, z2 = self.ranks.gather(z1), self.ranks.gather(z2)  # [BW, D] each, in rank order
-        loss, inv, var, cov = vicreg_loss(z1, z2, p.sim_coeff, p.std_coeff, p.cov_coeff)  # Algorithm 1
+        loss, inv, var, cov = vicreg_loss(z1, z2, p.sim_coeff, p.std_coeff, p.cov_coeff,
+                                          variance_views=p.variance_views)  # Algorithm 1
         return {"loss": loss, "invariance": inv.detach(), "variance": var.detach(), "covariance": cov.detach(),
                 "embedding_std": embedding_std(z1)}

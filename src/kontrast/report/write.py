@@ -89,8 +89,16 @@ def eval_section(run_dir: Path) -> Section:
     if not scores:
         return "eval", "Evaluation", page.note(f"No evaluation yet: kontrast eval --checkpoint {run_dir} scores the "
                                                "encoder (kNN, linear probe, clustering) and keeps the result here.")
-    rows = [(k, v) for k, v in scores.items() if not isinstance(v, (dict, list))]
-    return "eval", "Evaluation", page.table(rows)
+    rows = [(k, v) for k, v in scores.items() if not isinstance(v, (dict, list)) and not k.endswith("_chance")]
+    chance = {k[:-len("_chance")]: v for k, v in scores.items() if k.endswith("_chance")}
+    body = page.table(rows)
+    if chance:
+        body += page.paragraph("Each clustering score beside what random assignments with the same cluster sizes "
+                               "score on the same split (chance): a score is evidence only above its chance level. "
+                               "AMI and ARI are corrected for chance (about 0 at random); NMI and accuracy are not.")
+        body += page.table([(k, f"{page.fmt(scores[k])} (chance {page.fmt(v)})") for k, v in chance.items()
+                            if k in scores])
+    return "eval", "Evaluation", body
 
 
 def curves_section(records: list[dict]) -> Section:

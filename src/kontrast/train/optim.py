@@ -63,16 +63,17 @@ class LARS(torch.optim.Optimizer):
 
 
 def param_groups(model: nn.Module, weight_decay: float, fixed_lr: tuple[str, ...] = ()) -> list[dict]:
-    """Weights with decay; norms and biases without (and without LARS scaling). Parameters under the
-    submodules named in ``fixed_lr`` get groups of their own marked ``fixed_lr`` (the loop keeps their
-    learning rate at the peak); empty groups are dropped."""
+    """Weights with decay (groups marked ``decay``: a weight-decay schedule sets theirs); norms and biases
+    without (and without LARS scaling). Parameters under the submodules named in ``fixed_lr`` get groups of
+    their own marked ``fixed_lr`` (the loop keeps their learning rate at the peak); empty groups are dropped."""
     groups = {(fixed, small): [] for fixed in (False, True) for small in (False, True)}
     for name, p in model.named_parameters():
         if p.requires_grad:
             fixed = any(name == m or name.startswith(m + ".") for m in fixed_lr)
             groups[fixed, p.ndim <= 1].append(p)
     return [
-        {"params": params, "weight_decay": 0.0 if small else weight_decay, **({"lars": False} if small else {}),
+        {"params": params, "weight_decay": 0.0 if small else weight_decay, "decay": not small,
+         **({"lars": False} if small else {}),
          **({"fixed_lr": True} if fixed else {})}
         for (fixed, small), params in groups.items() if params
     ]
@@ -100,10 +101,39 @@ def create_optimizer(model: nn.Module, cfg: OptimConfig, batch_size: int) -> tor
 
 
 def lr_schedule(peak: float, total_steps: int, warmup_steps: int, min_lr: float = 0.0) -> torch.Tensor:
-    """Per-step learning rates ``[total_steps]``: linear warm-up to ``peak``, then cosine to ``min_lr * peak``."""
+    """Per-step learning rates ``[total_steps]``: linear warm-up to ``peak``, then cosine to ``min_lr``, an
+    absolute rate (``optim.min_lr``; the authors' DINO and timm read it so), which must not exceed ``peak``."""
+    if min_lr > peak:
+        raise UserError(f"optim.min_lr {min_lr:g} is above the peak lr {peak:g} (optim.lr x batch / lr_batch); "
+                        "set optim.min_lr below it (it is an absolute rate, the last step's)")
     steps = torch.arange(total_steps, dtype=torch.float64)
     warm = peak * (steps + 1) / max(warmup_steps, 1)  # [T]
-    t = (steps - warmup_steps) / max(total_steps - warmup_steps, 1)  # [T] progress after warm-up
-    floor = min_lr * peak
-    cos = floor + (peak - floor) * 0.5 * (1 + torch.cos(math.pi * t))  # [T]
+    cos = cosine(peak, min_lr, (steps - warmup_steps) / max(total_steps - warmup_steps, 1))  # [T]
     return torch.where(steps < warmup_steps, warm, cos)
+
+
+def cosine(start: float, end: float, t: torch.Tensor) -> torch.Tensor:
+    """``end + (start - end) (1 + cos(pi t)) / 2``: ``start`` at t = 0, ``end`` at t = 1."""
+    return end + (start - end) * 0.5 * (1 + torch.cos(math.pi * t))
+
+
+def weight_decay_schedule(cfg: OptimConfig, total_steps: int) -> list[float] | None:
+    """Per-step weight decay of the decayed groups: a cosine from ``weight_decay`` to ``weight_decay_end`` over
+    the run (DINO's ViT recipe: 0.04 -> 0.4; the authors' ``cosine_scheduler``, no warm-up); None when constant."""
+    if cfg.weight_decay_end is None or cfg.weight_decay_end == cfg.weight_decay:
+        return None
+    t = torch.arange(total_steps, dtype=torch.float64) / max(total_steps, 1)  # [T]
+    return cosine(cfg.weight_decay, cfg.weight_decay_end, t).tolist()
+
+
+@torch.no_grad()
+def clip_per_parameter(params: list[torch.Tensor], max_norm: float) -> None:
+    """Each parameter's gradient scaled to L2 norm at most ``max_norm``, one parameter at a time (DINO's
+    ``clip_gradients``: ``g *= min(max_norm / (||g|| + 1e-6), 1)``), not the global norm of
+    ``torch.nn.utils.clip_grad_norm_``."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    norms = torch._foreach_norm(grads)  # one 0-d tensor per parameter
+    scales = [torch.clamp(max_norm / (n + 1e-6), max=1.0) for n in norms]
+    torch._foreach_mul_(grads, scales)

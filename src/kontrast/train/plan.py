@@ -6,7 +6,7 @@ recipe and the views at ``data.size``, the encoder's constructor arguments. The 
 config holds every decided value and is written to ``RUN/config.yaml`` with the plan beside it (``plan:``), so a
 resume and every reader of the run take the decisions from there (:func:`read_run_config`); its lines are
 printed at the start of the run. :func:`build_run` makes from a plan what :func:`kontrast.train.loop.fit` steps
-through: the data, the method, the optimizer, the lr schedule and the step context.
+through: the data, the method, the optimizer, the lr and weight-decay schedules and the step context.
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ from kontrast.data.sources import absolute_source
 from kontrast.errors import UserError
 from kontrast.methods.base import Progress, Ranks
 from kontrast.methods.build import (build_encoder_args, check_inputs, check_size, create_method, decide_size, encoder_layers,
-                                    run_recipe)
+                                    recipe_lines, run_recipe)
 from kontrast.precision import choose_precision
 from kontrast.registry import METHODS
 from kontrast.train import distributed
 from kontrast.train.data_path import TrainData, choose_mode, load_train_data
 from kontrast.train.guards import NonFiniteGuard
-from kontrast.train.optim import create_optimizer, lr_schedule, peak_lr
+from kontrast.train.optim import create_optimizer, lr_schedule, peak_lr, weight_decay_schedule
 from kontrast.train.step import StepContext
 
 def resolve_device(name: str) -> torch.device:
@@ -66,8 +66,9 @@ class RunPlan:
         return torch.device(self.device)
 
     def lines(self) -> list[str]:
-        """The start-up lines: numerics, and the views where the recipe is not the method's own at this size."""
-        lines = [*self.sized, self.numerics]
+        """The start-up lines: what was decided for size and stem, the method's recipe for its encoder family,
+        numerics, and the views where the recipe is not the method's own at this size."""
+        lines = [*self.sized, *recipe_lines(self.cfg), self.numerics]
         native = self.cfg.augment.recipe or METHODS.get(self.cfg.method.name).recipe
         if self.recipe is not None and self.recipe != native:
             lines.append(f"views: {self.recipe!r}, the ImageNet version of {native!r} at data.size "
@@ -177,6 +178,7 @@ def build_run(plan: RunPlan, ranks: Ranks = Ranks(), *, resume: bool = False,
         method=method, optimizer=optimizer, images=None if train.stream else train.data.x.to(device),  # memory: all
         make_views=view_maker(plan.views, compile=tc.compile, cropped=train.stream is not None) if plan.views else None,
         lrs=lr_schedule(peak, schedule.total_steps, warmup, cfg.optim.min_lr).tolist(), peak_lr=peak,
+        wds=weight_decay_schedule(cfg.optim, schedule.total_steps), clip_grad=cfg.optim.clip_grad,
         seed=tc.seed, device=device, guard=NonFiniteGuard(method, device), precision=tc.precision,
         channels_last=tc.channels_last, nonfinite=tc.nonfinite, ranks=ranks)
     return ctx, schedule, train

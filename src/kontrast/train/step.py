@@ -1,7 +1,8 @@
 """One training step, the same for ``fit``, the benchmarks and the tests.
 
 indices -> uint8 images (already on the device) -> views -> ``method.training_step`` under the
-run's autocast -> backward -> non-finite check -> optimizer step with the step's lr ->
+run's autocast -> backward -> non-finite check -> per-parameter gradient clipping (``optim.clip_grad``) ->
+optimizer step with the step's lr and weight decay ->
 ``method.after_step``. Before the step the global generators are re-seeded from (seed, step),
 so anything a method draws from them (MoCo's shuffled BN groups, dropout) is a function of the
 step and a resumed run draws the same. Under ``nonfinite="skip"`` a step whose loss or gradient
@@ -24,6 +25,7 @@ from kontrast.methods.base import Method, Progress, Ranks
 from kontrast.precision import autocast
 from kontrast.train.distributed import average_gradients
 from kontrast.train.guards import NonFiniteGuard
+from kontrast.train.optim import clip_per_parameter
 
 PHASES = ("data_augment", "forward_loss", "backward", "guard", "optimizer", "after_step")
 
@@ -40,7 +42,8 @@ class StepContext:
     images: uint8 [N, 3, H, W] (or float32 sequences [N, C, L]) on ``device``, None on the streaming path; make_views:
     ``(images[idx], idx, epoch_key) -> views`` (``kontrast.augment.view_maker``), None for a
     sequence method, which gets the raw batch; lrs: the lr of every step (``fixed_lr`` groups
-    keep ``peak_lr``).
+    keep ``peak_lr``); wds: the weight decay of every step for the decayed groups (None: constant);
+    clip_grad: each parameter's gradient clipped to this norm before the optimizer step (0: off).
     """
 
     method: Method
@@ -56,6 +59,8 @@ class StepContext:
     channels_last: bool = False
     nonfinite: str = "stop"  # or "skip"
     ranks: Ranks = Ranks()  # one process unless the run was launched on several (train/distributed.py)
+    wds: list[float] | None = None
+    clip_grad: float = 0.0
 
 
 @dataclass
@@ -84,6 +89,8 @@ def train_step(ctx: StepContext, indices: torch.Tensor, epoch_key: torch.Tensor,
     method, step = ctx.method, progress.step
     for group in ctx.optimizer.param_groups:
         group["lr"] = ctx.peak_lr if group.get("fixed_lr") else ctx.lrs[step]
+        if ctx.wds is not None and group.get("decay"):
+            group["weight_decay"] = ctx.wds[step]
     torch.manual_seed(step_seed(ctx.seed, step))
     ranks = ctx.ranks
     if ranks.world > 1 and batch is None:  # a stream batch is this rank's already
@@ -110,6 +117,8 @@ def train_step(ctx: StepContext, indices: torch.Tensor, epoch_key: torch.Tensor,
         torch._foreach_copy_(list(method.buffers()), buffers)  # as if the step never ran
         ctx.guard.first_bad.fill_(-1)
         return StepResult(out, True)
+    if ctx.clip_grad:
+        clip_per_parameter(ctx.guard.params, ctx.clip_grad)
     ctx.optimizer.step()
     lap("optimizer")
     method.after_step(out, Progress(step=step + 1, epoch=progress.epoch, total_steps=progress.total_steps,

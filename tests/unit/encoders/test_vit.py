@@ -200,11 +200,48 @@ def test_moco_v3_vit_recipe_file_states_the_papers_settings():
 
 
 def test_dino_vit_recipe_file_states_the_papers_settings():
-    """configs/dino_vit_tiny_cifar.yaml: DINO's ViT recipe (AdamW, 5e-4 x batch / 256, wd 0.04, 10 warm-up epochs,
-    tau_t 0.04 -> 0.07 over 30 epochs, teacher momentum 0.996, no BN in the head, multi-crop)."""
+    """configs/dino_vit_tiny_cifar.yaml: DINO's ViT recipe (AdamW, 5e-4 x batch / 256 to an lr of 1e-6, wd 0.04 -> 0.4,
+    gradients clipped to 3, stochastic depth 0.1, the prototypes' gain learned, 10 warm-up epochs, tau_t 0.04 -> 0.07
+    over 30 epochs, teacher momentum 0.9995 at batch 256, no BN in the head, multi-crop): what `--method dino` on a
+    ViT takes by itself."""
     cfg = resolve(load_yaml(ROOT / "configs/dino_vit_tiny_cifar.yaml"))
     p, o = cfg.method.params, cfg.optim
     assert (cfg.encoder.name, cfg.encoder.patch_size, cfg.augment.recipe) == ("vit_tiny", 4, "dino_multicrop")
-    assert (p.warmup_teacher_temp, p.teacher_temp, p.warmup_teacher_temp_epochs, p.base_momentum, p.use_bn_in_head) \
-        == (0.04, 0.07, 30.0, 0.996, False)
+    assert (p.warmup_teacher_temp, p.teacher_temp, p.warmup_teacher_temp_epochs, p.base_momentum, p.use_bn_in_head,
+            p.norm_last_layer) == (0.04, 0.07, 30.0, 0.9995, False, False)
     assert (o.name, o.lr, o.lr_batch, o.weight_decay, o.warmup_epochs, o.min_lr) == ("adamw", 5e-4, 256, 0.04, 10.0, 1e-6)
+    assert (o.weight_decay_end, o.clip_grad, cfg.encoder.drop_path) == (0.4, 3.0, 0.1)
+    defaults = resolve({"method": {"name": "dino"}, "encoder": {"name": "vit_tiny"}})
+    assert (cfg.optim, cfg.method.params, cfg.encoder.drop_path) == (defaults.optim, defaults.method.params, 0.1)
+
+
+def test_stochastic_depth_drops_whole_residual_branches_per_sample_in_training_only():
+    """encoder.drop_path: block i drops its branches at drop_path * i / (depth - 1), per sample, scaling the kept ones
+    by 1 / (1 - p); the identity in eval mode; a momentum target's copy has it off; seeded draws repeat."""
+    from kontrast.encoders.target import MomentumTarget
+    from kontrast.encoders.vit import DropPath
+
+    vit = create_encoder("vit_tiny", width=0.125, depth=3, image_size=16, drop_path=0.2)
+    rates = [block.drop_path.p for block in vit.encoder.layers]
+    assert rates == pytest.approx([0.0, 0.1, 0.2])
+    x = torch.randn(6, 3, 16, 16)
+    vit.eval()
+    plain = vit(x)
+    vit.train()
+    torch.manual_seed(1)
+    a = vit(x)
+    torch.manual_seed(1)
+    assert torch.equal(a, vit(x)) and not torch.allclose(a, plain)  # seeded: a resumed step draws the same masks
+    drop = DropPath(0.5).train()
+    torch.manual_seed(0)
+    branch = torch.ones(1000, 2, 3)
+    out = drop(branch)
+    per_sample = out.flatten(1)
+    assert torch.all((per_sample == 0).all(1) | (per_sample == 2.0).all(1))  # whole samples, kept ones x 1 / (1 - p)
+    assert 0.4 < float((per_sample[:, 0] == 0).float().mean()) < 0.6
+    target = MomentumTarget(vit)
+    assert all(m.p == 0.0 for m in target.modules() if isinstance(m, DropPath))
+    assert all(block.drop_path.p == r for block, r in zip(vit.encoder.layers, rates))  # the online encoder keeps it
+    with pytest.raises(UserError, match="encoder 'resnet18' has no drop_path option"):
+        from kontrast.methods.build import build_encoder, resolve
+        build_encoder(resolve({"encoder": {"drop_path": 0.1}, "data": {"size": 32}}))

@@ -92,6 +92,27 @@ def test_linear_probe_is_deterministic_and_scale_free():
     assert abs(a["top1"] - c["top1"]) <= 1 / 50  # standardisation removes the scale
 
 
+def test_linear_probe_weight_decay_is_chosen_on_a_validation_split_never_the_test_split():
+    """auto: each candidate is fitted on 90 % of the training features and scored on a class-balanced tenth; the
+    test split does not move the choice (scrambled test features and labels choose the same)."""
+    from kontrast.evaluate.linear import WEIGHT_DECAYS, choose_weight_decay, validation_split
+
+    g = torch.Generator().manual_seed(3)
+    x, y = blobs(100, 4, 16, 0.8, g)
+    fit, val = validation_split(y)
+    assert len(set(fit.tolist()) & set(val.tolist())) == 0 and len(fit) + len(val) == len(y)
+    assert torch.bincount(y[val]).tolist() == [10, 10, 10, 10]
+    perm = torch.randperm(400, generator=g)
+    x, y = x[perm], y[perm]  # every class in both the training and the test part below
+    result = linear_probe(x[:300], y[:300], x[300:], y[300:])
+    wd, val_top1 = choose_weight_decay(x[:300], y[:300])
+    assert result["weight_decay"] == wd in WEIGHT_DECAYS and result["val_top1"] == val_top1
+    noise = linear_probe(x[:300], y[:300], torch.randn(100, 16, generator=g), torch.randint(0, 4, (100,), generator=g))
+    assert noise["weight_decay"] == wd
+    fixed = linear_probe(x[:300], y[:300], x[300:], y[300:], weight_decay=5e-3)
+    assert fixed["weight_decay"] == 5e-3 and "val_top1" not in fixed
+
+
 class TinyEncoder(nn.Module):
     """Conv + BN + global pool: batch statistics would make features batch-dependent."""
 

@@ -38,10 +38,11 @@ def test_barlow_twins_matches_the_paper_formula(lambd, seed):
 
 @pytest.mark.parametrize("coeffs", [(25.0, 25.0, 1.0), (1.0, 0.0, 1.0), (0.0, 1.0, 0.0)])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_vicreg_matches_algorithm_1(coeffs, seed):
+@pytest.mark.parametrize("views", ["sum", "mean"])  # Algorithm 1 / solo-learn; the authors' main_vicreg.py
+def test_vicreg_matches_algorithm_1(coeffs, seed, views):
     z1, z2 = _pair(seed)  # std ~0.6 < 1: the variance hinge is active
-    got = vicreg_loss(z1, z2, *coeffs)
-    want = naive_vicreg(z1, z2, *coeffs)
+    got = vicreg_loss(z1, z2, *coeffs, variance_views=views)
+    want = naive_vicreg(z1, z2, *coeffs, variance_views=views)
     for g, w in zip(got, want):
         assert float(g.detach()) == pytest.approx(float(w.detach()), abs=1e-6, rel=1e-6)
     g1, g2 = torch.autograd.grad(got[0], (z1, z2))
@@ -166,3 +167,12 @@ def test_views_go_through_batchnorm_separately_and_blocks_start_as_identity(name
         h.remove()
     assert len(seen) == len(hooks) and any(n.startswith("projector.") for n in seen)
     assert all(sizes == [8, 8] for sizes in seen.values()), {n: s for n, s in seen.items() if s != [8, 8]}
+
+
+def test_vicreg_variance_views_mean_halves_only_the_variance_term():
+    z1, z2 = _pair(0)
+    total_sum, inv, var_sum, cov = (t.detach() for t in vicreg_loss(z1, z2, 25.0, 25.0, 1.0))
+    total_mean, inv2, var_mean, cov2 = (t.detach() for t in vicreg_loss(z1, z2, 25.0, 25.0, 1.0, variance_views="mean"))
+    assert float(var_sum) > 0 and float(var_mean) == pytest.approx(float(var_sum) / 2)
+    assert (float(inv2), float(cov2)) == (float(inv), float(cov))
+    assert float(total_sum - total_mean) == pytest.approx(25.0 * float(var_sum) / 2)

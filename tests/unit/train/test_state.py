@@ -8,8 +8,11 @@ import torch.nn as nn
 
 from kontrast.encoders.target import MomentumTarget, cosine_momentum
 from kontrast.losses import Queue
-from kontrast.train.optim import LARS, create_optimizer, lr_schedule, param_groups
+from kontrast.train.optim import (LARS, clip_per_parameter, create_optimizer, lr_schedule, param_groups,
+                                  weight_decay_schedule)
+from kontrast.train.step import train_step
 from kontrast.config import OptimConfig
+from kontrast.errors import UserError
 
 
 def test_queue_is_fifo_and_wraps():
@@ -61,7 +64,7 @@ def test_cosine_momentum_schedule():
 
 
 def test_lr_schedule_warmup_then_cosine():
-    lrs = lr_schedule(1.0, total_steps=10, warmup_steps=4, min_lr=0.1)
+    lrs = lr_schedule(1.0, total_steps=10, warmup_steps=4, min_lr=0.1)  # min_lr absolute (here = 0.1 x peak)
     assert lrs[:4].tolist() == pytest.approx([0.25, 0.5, 0.75, 1.0])
     # step 4 starts the cosine at the peak, decaying towards 0.1
     expect = [0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (s - 4) / 6)) for s in range(4, 10)]
@@ -144,3 +147,60 @@ def test_grouped_and_shuffled_forward():
     torch.manual_seed(0)
     shuffled = shuffled_forward(bn, x, 3)
     assert shuffled.shape == x.shape and not torch.allclose(shuffled, out)
+
+
+def test_min_lr_is_an_absolute_rate_and_may_not_exceed_the_peak():
+    """optim.min_lr is the last step's lr whatever the peak (DINO's 1e-6 ends at 1e-6, not 1e-6 x peak)."""
+    lrs = lr_schedule(2.5e-4, total_steps=100, warmup_steps=10, min_lr=1e-6)
+    assert lrs[-1].item() == pytest.approx(1e-6 + (2.5e-4 - 1e-6) * 0.5 * (1 + math.cos(math.pi * 89 / 90)))
+    assert lr_schedule(2.5e-4, 101, 10, 1e-6)[-1].item() > 1e-6 and min(lr_schedule(2.5e-4, 101, 10, 1e-6)) >= 1e-6
+    with pytest.raises(UserError, match="optim.min_lr 0.01 is above the peak lr 0.001"):
+        lr_schedule(1e-3, 10, 0, 1e-2)
+
+
+def test_weight_decay_schedule_is_the_authors_cosine():
+    """DINO's cosine_scheduler(0.04, 0.4, epochs, niter): wd_t = end + (start - end)(1 + cos(pi t / T)) / 2."""
+    cfg = OptimConfig(weight_decay=0.04, weight_decay_end=0.4)
+    wds = weight_decay_schedule(cfg, 50)
+    want = [0.4 + (0.04 - 0.4) * 0.5 * (1 + math.cos(math.pi * t / 50)) for t in range(50)]
+    assert wds == pytest.approx(want) and wds[0] == pytest.approx(0.04)
+    assert weight_decay_schedule(OptimConfig(weight_decay=0.04), 50) is None  # constant: nothing to set
+
+
+def test_clipping_is_per_parameter_as_dino_clip_gradients():
+    """The authors' clip_gradients: each parameter's gradient scaled by min(clip / (||g|| + 1e-6), 1), on its own."""
+    torch.manual_seed(0)
+    params = [torch.zeros(4, requires_grad=True), torch.zeros(3, 3, requires_grad=True), torch.zeros(2, requires_grad=True)]
+    grads = [torch.full((4,), 5.0), 0.01 * torch.randn(3, 3), torch.tensor([30.0, -40.0])]
+    for p, g in zip(params, grads):
+        p.grad = g.clone()
+    clip_per_parameter(params, 3.0)
+    for p, g in zip(params, grads):
+        want = g * min(3.0 / (float(g.norm()) + 1e-6), 1.0)  # the reference, one parameter at a time
+        assert torch.allclose(p.grad, want, atol=1e-6)
+    assert float(params[1].grad.norm()) < 3 and float(params[2].grad.norm()) == pytest.approx(3.0, rel=1e-5)
+
+
+def test_train_step_sets_the_scheduled_weight_decay_and_clips():
+    """A run with weight_decay_end and clip_grad: each step's decayed groups carry that step's weight decay (norms
+    and biases keep 0), and the gradient the optimizer sees is clipped per parameter."""
+    from kontrast.train.plan import build_run, plan_run
+    from kontrast.methods.build import resolve
+    from kontrast.augment import key_tensor
+    from kontrast.methods.base import Progress
+
+    cfg = resolve({"method": {"name": "simclr", "proj_hidden": 16, "proj_dim": 8}, "encoder": {"width": 0.125},
+                   "data": {"source": "shapes:16", "size": 16}, "train": {"batch_size": 8, "epochs": 2, "precision": "fp32"},
+                   "optim": {"name": "adamw", "weight_decay": 0.04, "weight_decay_end": 0.4, "clip_grad": 1e-3}})
+    ctx, schedule, _ = build_run(plan_run(cfg))
+    seen = []
+    ctx.optimizer.step = lambda: seen.append(([g["weight_decay"] for g in ctx.optimizer.param_groups],
+                                              max(float(p.grad.norm()) for p in ctx.guard.params if p.grad is not None)))
+    for step in range(schedule.total_steps):
+        progress = Progress(step=step, epoch=0, total_steps=schedule.total_steps, steps_per_epoch=schedule.steps_per_epoch)
+        train_step(ctx, torch.arange(8), key_tensor(0), progress)
+    assert len(seen) == schedule.total_steps == 4
+    for step, (wds, largest) in enumerate(seen):
+        assert sorted(set(wds)) == pytest.approx(sorted({0.0, ctx.wds[step]}))
+        assert largest <= 1e-3 * (1 + 1e-4)
+    assert ctx.wds == pytest.approx(weight_decay_schedule(cfg.optim, 4))
