@@ -69,8 +69,9 @@ NO_EFFECT = {"train": {"log_every", "knn_every", "knn_max_train", "knn_max_test"
                        "sync_bn", "bind_cores"},  # several processes only; parity runs one
              # mode / workers / memory_budget: the CIFAR archive is always read into memory (never streamed)
              "data": {"source", "skip_bad_images", "cache_dir", "mode", "workers", "memory_budget"},
-             "eval": {"linear_epochs", "batch_size"}}
-OFF_BY_DEFAULT = ("depth", "patch_size", "freeze_patch_embed")  # ViT / amdim options: the peer's ResNet has none
+             "eval": {"linear_epochs", "linear_weight_decay", "batch_size"}}
+OFF_BY_DEFAULT = ("depth", "patch_size", "freeze_patch_embed", "drop_path")  # ViT / amdim options: the peer's ResNet has none
+OPTIM_OFF = {"weight_decay_end": None, "clip_grad": 0.0}  # optimizer options the peer script has not: at these, no effect
 HANDLED = {"train": {"epochs", "batch_size", "seed", "precision", "channels_last", "device", "compile"},
            "data": {"size", "limit"}, "eval": {"knn_k", "knn_temperature"},
            "encoder": {"name", "stem", "width", "zero_init_residual", "torch_init", "weights", *OFF_BY_DEFAULT},
@@ -139,7 +140,10 @@ def peer_settings(cfg, args) -> tuple[list[str], list[str], list[str]]:
             flags += _flag(METHOD_FLAGS[name][field.name], value)
     for field in dataclasses.fields(cfg.optim):
         value = getattr(cfg.optim, field.name)
-        if field.name not in OPTIM_FLAGS:
+        if field.name in OPTIM_OFF:
+            if value != OPTIM_OFF[field.name]:
+                unknown.append(f"optim.{field.name}={value}")
+        elif field.name not in OPTIM_FLAGS:
             unknown.append(f"optim.{field.name}={value}")
         elif field.name == "lars_clip":
             if value and cfg.optim.name == "lars":

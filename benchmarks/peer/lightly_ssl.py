@@ -466,10 +466,11 @@ def make_optimizer(model, a, notes: list):
 
 
 def lr_at(step: int, a) -> float:
-    """Linear warm-up from 0, then cosine to min_lr * peak: lightly's cosine_warmup_schedule, per step."""
+    """Linear warm-up from 0, then cosine to min_lr (an absolute rate, as kontrast's optim.min_lr): lightly's
+    cosine_warmup_schedule, per step."""
     if a.warmup_steps > a.total_steps:  # lightly's schedule refuses this; kontrast's stays in its warm-up
         return a.peak_lr * (step + 1) / a.warmup_steps
-    return cosine_warmup_schedule(step, a.total_steps, a.peak_lr, a.min_lr * a.peak_lr, a.warmup_steps, 0.0)
+    return cosine_warmup_schedule(step, a.total_steps, a.peak_lr, a.min_lr, a.warmup_steps, 0.0)
 
 
 # ----------------------------------------------------------------------------------------------- kNN

@@ -57,6 +57,16 @@ def test_eval_json(trained_run):
     assert 0.0 <= result["knn_top1"] <= 1.0 and 0.0 <= result["linear_top1"] <= 1.0
     assert 0.0 <= result["kmeans_nmi"] <= 1.0 and -1.0 <= result["kmeans_ari"] <= 1.0
     assert 0.0 < result["kmeans_acc"] <= 1.0 and "finetune_top1" not in result
+    for score in ("kmeans_nmi", "kmeans_ami", "kmeans_ari", "kmeans_acc"):  # each beside its chance level
+        assert isinstance(result[score + "_chance"], float)
+    assert result["kmeans_nmi_chance"] > 0 and abs(result["kmeans_ami_chance"]) < 0.1
+    assert result["linear_weight_decay"] in (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2) and 0 <= result["linear_val_top1"] <= 1
+    fixed = run_cli("eval", "--checkpoint", str(out), "--linear-weight-decay", "0.005")  # the one line of figures
+    assert fixed.returncode == 0, fixed.stderr
+    assert "linear top-1 " in fixed.stdout and "k-means NMI 0." in fixed.stdout and "(chance 0." in fixed.stdout
+    assert "AMI " in fixed.stdout
+    bad = run_cli("eval", "--checkpoint", str(out), "--linear-weight-decay", "-1")
+    assert bad.returncode == 2 and "expected auto or a number >= 0, got '-1'" in bad.stderr
 
 
 def test_eval_fine_tunes_on_a_fraction_of_the_labels(trained_run):

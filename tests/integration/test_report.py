@@ -238,3 +238,16 @@ def test_queries_and_previews_are_spread_over_the_classes_or_the_map():
     assert [int(labels[r]) for r in rows] == [0, 1, 2, 0, 1, 2]
     points = torch.tensor([[1.0, 0.0], [0.99, 0.1], [0.0, 1.0], [-1.0, 0.0], [0.98, 0.2]])  # unlabelled
     assert spread_rows(points, None, 3) == [0, 3, 2]  # each the farthest from those taken
+
+
+def test_the_eval_section_shows_each_clustering_score_beside_its_chance_level(tmp_path):
+    """A clustering score means something only against what chance scores on the same split: the report puts them
+    side by side and says which scores are corrected for chance."""
+    from kontrast.report.write import eval_section
+
+    (tmp_path / "eval.json").write_text(json.dumps({"knn_top1": 0.31, "kmeans_nmi": 0.354, "kmeans_nmi_chance": 0.377,
+                                                    "kmeans_ami": 0.01, "kmeans_ami_chance": -0.002}))
+    anchor, title, body = eval_section(tmp_path)
+    assert (anchor, title) == ("eval", "Evaluation")
+    assert "0.354 (chance 0.377)" in body and "0.01 (chance -0.002)" in body
+    assert "AMI and ARI are corrected for chance" in body and "kmeans_nmi_chance" not in body
