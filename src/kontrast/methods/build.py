@@ -130,8 +130,10 @@ def recipe_lines(cfg: Config) -> list[str]:
     keys = cls.vit_defaults if vit else cls.defaults
     values = ", ".join(f"{section}.{key}={_value(cfg, section, key)}" for section, own in keys.items() for key in own)
     if vit:
-        return [f"recipe: {cfg.method.name} on a ViT takes {cls.vit_recipe}: {values} (--set changes any)", *lines]
-    return [f"recipe: {cfg.method.name} on a {cfg.encoder.name}: {values} (a ViT encoder takes {cls.vit_recipe})", *lines]
+        return [f"recipe: {cfg.method.name} on a ViT defaults to {cls.vit_recipe}; this run: {values} (--set changes any)",
+                *lines]
+    return [f"recipe: {cfg.method.name} on a {cfg.encoder.name}: {values} (on a ViT it defaults to {cls.vit_recipe})",
+            *lines]
 
 
 def _value(cfg: Config, section: str, key: str) -> str:

@@ -20,7 +20,7 @@ def test_dino_on_a_vit_takes_the_authors_vit_recipe():
     assert (o.weight_decay, o.weight_decay_end, o.clip_grad) == (0.04, 0.4, 3.0)
     assert cfg.encoder.drop_path == 0.1 and cfg.method.params.norm_last_layer is False
     line = recipe_lines(cfg)[0]
-    assert line.startswith("recipe: dino on a ViT takes the authors' main_dino.py")
+    assert line.startswith("recipe: dino on a ViT defaults to the authors' main_dino.py for ViT-S; this run: ")
     assert "optim.weight_decay_end=0.4" in line and "optim.clip_grad=3" in line and "encoder.drop_path=0.1" in line
 
 
@@ -28,7 +28,7 @@ def test_dino_on_a_resnet_keeps_its_resnet_recipe_and_what_the_user_sets_wins():
     cfg = resolve({"method": {"name": "dino"}})
     assert (cfg.optim.name, cfg.optim.lr, cfg.optim.clip_grad, cfg.optim.weight_decay_end) == ("lars", 0.3, 0.0, None)
     assert cfg.encoder.drop_path == 0.0 and cfg.method.params.norm_last_layer is True
-    assert "a ViT encoder takes the authors' main_dino.py" in recipe_lines(cfg)[0]
+    assert "(on a ViT it defaults to the authors' main_dino.py" in recipe_lines(cfg)[0]
     mine = resolve({"method": {"name": "dino", "norm_last_layer": True}, "encoder": {**VIT, "drop_path": 0.0},
                     "optim": {"lr": 1e-3, "clip_grad": 0.0}})
     assert (mine.optim.name, mine.optim.lr, mine.optim.clip_grad, mine.encoder.drop_path) == ("adamw", 1e-3, 0.0, 0.0)
@@ -41,7 +41,7 @@ def test_moco_v3_on_a_vit_takes_the_papers_vit_recipe():
     assert (vit.optim.name, vit.optim.lr, vit.optim.weight_decay, vit.optim.warmup_epochs) == ("adamw", 1.5e-4, 0.1, 40.0)
     assert vit.encoder.freeze_patch_embed is True and vit.method.params.temperature == 0.2
     assert (resnet.optim.name, resnet.optim.lr, resnet.encoder.freeze_patch_embed) == ("lars", 0.3, False)
-    assert recipe_lines(vit)[0].startswith("recipe: moco_v3 on a ViT takes the paper's ViT recipe")
+    assert recipe_lines(vit)[0].startswith("recipe: moco_v3 on a ViT defaults to the paper's ViT recipe")
 
 
 def test_the_plan_prints_the_recipe_and_the_teacher_momentum():
