@@ -15,6 +15,7 @@ from torch import nn
 
 from kontrast.augment import NATIVE_SIZE, native_recipe, recipe_views
 from kontrast.config import Config, build_config, merge
+from kontrast.config.keys import yaml_value
 from kontrast.data.native import native_side
 from kontrast.encoders import check_encoder_name, create_encoder
 from kontrast.encoders.vit import VIT_SIZES, default_patch_size
@@ -137,8 +138,7 @@ def recipe_lines(cfg: Config) -> list[str]:
 
 
 def _value(cfg: Config, section: str, key: str) -> str:
-    value = getattr(cfg.method.params if section == "method" else getattr(cfg, section), key)
-    return f"{value:g}" if isinstance(value, float) else str(value).lower() if isinstance(value, bool) else str(value)
+    return yaml_value(getattr(cfg.method.params if section == "method" else getattr(cfg, section), key))
 
 
 def create_method(cfg: Config, num_samples: int = 0, *, pretrained: bool = True, ranks: Ranks = Ranks()) -> Method:
