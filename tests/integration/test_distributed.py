@@ -270,20 +270,23 @@ def _ours(stderr: str) -> list[str]:
 
 
 def test_a_killed_rank_ends_the_run_and_resume_continues_bit_for_bit(tmp_path):
-    """SIGKILL to rank 1 after step 3: rank 0 stops with one line at its next collective, the launcher names rank 1
-    and exits 1, checkpoint 2 (the last complete one) stays, and --resume ends where an uninterrupted run ends."""
+    """SIGKILL to rank 1 after step 3: rank 0 stops at its next collective (with one line, if torchrun's SIGTERM
+    does not end it first), the launcher names rank 1 and exits 1, checkpoint 2 (the last complete one) stays, and --resume ends where an uninterrupted run ends."""
     import time
 
     t0 = time.monotonic()
     run = _faulty(tmp_path / "run", "kill_after_step=3,rank=1")
     assert time.monotonic() - t0 < 60
     assert run.returncode == 1, run.stderr[-2000:]
+    # rank 0 says why it stopped when it sees the lost peer at its collective before torchrun's SIGTERM reaches it;
+    # when the SIGTERM comes first it ends without a line (seen in CI): the launcher's line is there either way
     lines = _ours(run.stderr)
-    assert len(lines) == 2, run.stderr[-2000:]
-    assert lines[0].startswith("stopped: rank 0: another process of the run stopped during step 4 (")
-    assert lines[0].endswith(f"last good checkpoint: {tmp_path / 'run'}/checkpoints/step-00000002; continue with: "
-                             f"kontrast train --out {tmp_path / 'run'} --resume --nproc 2")
-    assert lines[1] == "error: the process of rank 1 ended the run (SIGKILL); torchrun stopped the others"
+    assert 1 <= len(lines) <= 2, run.stderr[-2000:]
+    assert lines[-1] == "error: the process of rank 1 ended the run (SIGKILL); torchrun stopped the others"
+    if len(lines) == 2:
+        assert lines[0].startswith("stopped: rank 0: another process of the run stopped during step 4 (")
+        assert lines[0].endswith(f"last good checkpoint: {tmp_path / 'run'}/checkpoints/step-00000002; continue "
+                                 f"with: kontrast train --out {tmp_path / 'run'} --resume --nproc 2")
     assert latest_checkpoint(tmp_path / "run").name == "step-00000002"
     resumed = _faulty(tmp_path / "run", "", flags=("--resume",))
     whole = _faulty(tmp_path / "whole", "")
