@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On a machine with a CUDA GPU: (1) the configuration-space test on the GPU (nccl for its two-process cells when
 # two GPUs are present), (2) one timed SimCLR epoch at the published fast setting (ResNet-18, batch 512, CIFAR-10,
-# bf16; dkobak/simclr-cifar10 reports 11.9 s/epoch on an A100). Prints what it measured and the commands.
+# bf16; dkobak/simclr-cifar10 reports 11.9 s/epoch on an A100), (3) gradient caching's peak memory at batch 1024
+# (benchmarks/accumulate_memory.py). Prints what it measured and the commands.
 #
 #   bash benchmarks/gpu.sh                 # from the repo root, after `make` set up .venv
 #   CIFAR=/path/cifar10-jpeg.tar.gz EPOCHS=2 bash benchmarks/gpu.sh
@@ -45,3 +46,6 @@ print(f"SimCLR ResNet-18 bf16 batch 512: {summary['img_per_s']} img/s over {epoc
       f"last epoch {per_epoch:.1f} s/epoch (dkobak/simclr-cifar10 on an A100: 11.9 s/epoch); final loss "
       f"{summary['final_loss']}")
 PYEOF
+
+echo "== gradient caching: SimCLR ResNet-18 batch 1024, K = 1, 4, 16, torch.cuda.max_memory_allocated (docs/memory.md)"
+"$PY" benchmarks/accumulate_memory.py --device cuda --out "$OUT-accumulate.jsonl" 2>&1 | tail -n 5

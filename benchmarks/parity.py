@@ -72,7 +72,7 @@ NO_EFFECT = {"train": {"log_every", "knn_every", "knn_max_train", "knn_max_test"
              "eval": {"linear_epochs", "linear_weight_decay", "batch_size"}}
 OFF_BY_DEFAULT = ("depth", "patch_size", "freeze_patch_embed", "drop_path")  # ViT / amdim options: the peer's ResNet has none
 OPTIM_OFF = {"weight_decay_end": None, "clip_grad": 0.0}  # optimizer options the peer script has not: at these, no effect
-HANDLED = {"train": {"epochs", "batch_size", "seed", "precision", "channels_last", "device", "compile"},
+HANDLED = {"train": {"epochs", "batch_size", "accumulate", "seed", "precision", "channels_last", "device", "compile"},
            "data": {"size", "limit"}, "eval": {"knn_k", "knn_temperature"},
            "encoder": {"name", "stem", "width", "zero_init_residual", "torch_init", "weights", *OFF_BY_DEFAULT},
            "augment": {"recipe", "view"}}
@@ -180,6 +180,8 @@ def peer_settings(cfg, args) -> tuple[list[str], list[str], list[str]]:
     if enc.weights:  # both sides would have to start from the same weights: the peer script cannot load them
         unknown.append(f"encoder.weights={enc.weights} (the peer starts from a random initialisation)")
     unknown += [f"encoder.{k}={getattr(enc, k)}" for k in OFF_BY_DEFAULT if getattr(enc, k) not in (None, False)]
+    if tc.accumulate != 1:  # BN statistics per micro-batch: the peer normalises over the whole batch
+        unknown.append(f"train.accumulate={tc.accumulate} (the peer trains the plain batch)")
     for section, known in HANDLED.items():
         for field in dataclasses.fields(getattr(cfg, section)):
             if field.name not in known | NO_EFFECT.get(section, set()):

@@ -28,7 +28,8 @@ def _train_config(args):
         return read_resolved(load_yaml(os.environ[CONFIG_ENV]))
     saved = read_run_config(Path(args.out))[0] if args.resume and (Path(args.out) / RUN_CONFIG).is_file() else None
     flags = {"data": {"source": args.data, "skip_bad_images": args.skip_bad_images or None},
-             "train": {"epochs": args.epochs, "batch_size": args.batch_size, "precision": args.precision,
+             "train": {"epochs": args.epochs, "batch_size": args.batch_size, "accumulate": args.accumulate,
+                       "precision": args.precision,
                        "device": args.device}}
     return resolve(assemble(saved=saved, config_file=args.config, method=args.method, flags=flags, sets=args.set,
                             where=str(args.out)))

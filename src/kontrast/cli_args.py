@@ -53,6 +53,9 @@ def _train_args(sub) -> None:
                    "path (default: shapes)")
     p.add_argument("--epochs", type=int, help="passes over the training images (default: the method's)")
     p.add_argument("--batch-size", type=int, help="images per step, all processes together (default: the method's)")
+    p.add_argument("--accumulate", type=int, metavar="K", help="train each step's batch in K micro-batches with "
+                   "gradient caching: the same gradient in about 1/K of the activation memory, one more forward "
+                   "(train.accumulate; docs/memory.md)")
     p.add_argument("--out", required=True, help="run directory (checkpoints, metrics, config)")
     p.add_argument("--config", help="YAML recipe (see configs/)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. optim.lr=0.1")

@@ -157,6 +157,43 @@ def test_two_processes_equal_one_on_the_global_batch(name, tmp_path):
     assert _max_weight_difference(tmp_path / "one", tmp_path / "two", bn_statistics=not own_groups) <= 1e-5
 
 
+# Gradient caching (train.accumulate, kontrast/micro_batches.py): K micro-batches on a process are K processes without
+# synchronised BN. BN running statistics are left out of the weights compared: a process keeps its own (the checkpoint
+# holds rank 0's), while micro-batches update the one set in turn (tests/unit/train/test_micro_batches.py checks them).
+# The 4-way runs (global batch 24) with InfoMin's 4 BN groups per view (one per process or micro-batch: groups of 6) and
+# BYOL at a tenth of its lr: at lr 1.0, seed 0, the 4-way pair differs by 1.3e-4 in step 3's loss and 4.7e-4 in
+# weights, at seeds 1 and 2 by 4.2e-7 / 1.2e-7 and 0 / 1.2e-7; at 0.1, seed 0: 3.0e-7 and 4.8e-7 (training that
+# amplifies rounding, as the SMALL notes above).
+MICRO = {"infomin": ["method.bn_groups=4"], "byol": ["optim.lr=0.1"]}
+
+
+def _micro(out: Path, name: str, nproc: int, *extra: str, batch: int = 12) -> subprocess.CompletedProcess:
+    """``name`` on ``nproc`` processes without synchronised BN; ``batch`` 24: the 4-way runs (shapes:96, 72 images)."""
+    if batch == 24:
+        extra = (*extra, *MICRO.get(name, []), f"data.source={'sequences' if name == 'cpc' else 'shapes'}:96",
+                 "data.limit=72")
+    return _train(out, name, nproc, "train.sync_bn=false", *extra, batch=batch)
+
+
+@pytest.mark.parametrize("name", DISTRIBUTED)
+def test_micro_batches_equal_processes_without_synchronised_bn(name, tmp_path):
+    """``--accumulate 2`` on one process = ``--nproc 2`` with ``train.sync_bn=false``, and ``--nproc 2 --accumulate 2``
+    = ``--nproc 4``, on the same global batches (fp32: losses and every weight, target and queue within 1e-5)."""
+    batch = BATCH.get(name, 12)
+    runs = {"acc": _micro(tmp_path / "acc", name, 1, "train.accumulate=2", batch=batch),
+            "two": _micro(tmp_path / "two", name, 2, batch=batch),
+            # 3 steps of 24: 6 samples per process or micro-batch
+            "two_acc": _micro(tmp_path / "two_acc", name, 2, "train.accumulate=2", batch=24),
+            "four": _micro(tmp_path / "four", name, 4, batch=24)}
+    for key, run in runs.items():
+        assert run.returncode == 0, (key, run.stderr[-2000:])
+    assert "gradient caching: the batch of %d in 2 micro-batches of %d" % (batch, batch // 2) in runs["acc"].stdout
+    for a, b in (("acc", "two"), ("two_acc", "four")):
+        assert len(_losses(tmp_path / a)) == 3
+        assert _losses(tmp_path / a) == pytest.approx(_losses(tmp_path / b), abs=1e-5, rel=5e-6), (a, b)
+        assert _max_weight_difference(tmp_path / a, tmp_path / b, bn_statistics=False) <= 1e-5, (a, b)
+
+
 def test_three_processes_equal_one():
     """An odd world size (3 ranks of 4 samples)."""
     import tempfile

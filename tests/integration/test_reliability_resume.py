@@ -29,11 +29,13 @@ SETTINGS = {
     "simclr": [],
     "moco_v2": ["--set", "method.queue_size=64"],
     "byol": [],
+    "simclr+accumulate": ["--accumulate", "4"],  # gradient caching: 4 micro-batches of 4
 }
 
 
 def train_args(method: str, out: Path) -> list[str]:
-    return train_command(out, *SETTINGS[method], method=method, data=f"shapes:{N}", epochs=EPOCHS, batch=BATCH,
+    return train_command(out, *SETTINGS[method], method=method.split("+")[0], data=f"shapes:{N}", epochs=EPOCHS,
+                         batch=BATCH,
                          settings=["train.log_every=1", "train.checkpoint_every=2"])
 
 
@@ -118,6 +120,22 @@ def test_interrupted_runs_resume_bit_for_bit(method, sig, reference, tmp_path, m
     assert max(json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()) == 5
 
     proc = run_cli([*args, "--resume"], f"trace={trace}")  # from step 4: step 5 is redone
+    assert proc.returncode == 0, proc.stderr
+    assert_same_run(out, ref, trace, ref_trace)
+
+
+@pytest.mark.slow
+def test_a_signal_between_micro_batches_ends_the_step_and_resumes_bit_for_bit(reference, tmp_path, monkeypatch):
+    """Under ``--accumulate 4`` SIGTERM between the first two micro-batches of step 4: the step ends, its checkpoint is
+    written, exit 143; the resumed run ends where the uninterrupted one ends, bit for bit."""
+    ref, ref_trace = reference("simclr+accumulate", monkeypatch)
+    out, trace = tmp_path / "run", tmp_path / "trace"
+    args = train_args("simclr+accumulate", out)
+    proc = run_cli(args, f"signal_in_step=4,trace={trace}")
+    assert proc.returncode == 143, proc.stderr
+    assert "SIGTERM after step 4" in proc.stderr and "--resume" in proc.stderr
+    assert sorted(p.name for p in (out / "checkpoints").iterdir())[-1] == "step-00000004"
+    proc = run_cli([*args, "--resume"], f"trace={trace}")
     assert proc.returncode == 0, proc.stderr
     assert_same_run(out, ref, trace, ref_trace)
 

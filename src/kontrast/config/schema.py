@@ -113,6 +113,7 @@ class OptimConfig:  # fallbacks: each method states its recipe's optimizer in Me
 class TrainConfig:
     epochs: int = checked(10, ge=1)  # passes over the training set
     batch_size: int = checked(256, ge=2)  # the global batch, every process's share together (contrastive losses need 2+)
+    accumulate: int = checked(1, ge=1)  # gradient caching: each process's batch in this many micro-batches, the same gradient in less memory (docs/memory.md)
     seed: int = checked(0, ge=0)  # every random draw of the run derives from it
     precision: str = checked("auto", choices=PRECISIONS)  # auto: bf16 where the device computes it natively, else fp32
     channels_last: bool | str = checked("auto", choices=(True, False, "auto"))  # auto: on where bf16 is native and on CPUs, unless a layer is unsafe in it

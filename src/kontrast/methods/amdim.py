@@ -53,11 +53,14 @@ class AMDIM(Method):
         super().__init__(encoder, params, num_samples, ranks)
         self.heads = nn.ModuleList(LocalProjection(d, params.n_rkhs) for d in encoder.map_dims[-3:])  # 7, 5, 1
 
+    def _local_features(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The heads on the encoder's last three maps (7x7, 5x5, 1x1 at 32 px): 3 x [N, R, h, w]."""
+        return tuple(head(m) for head, m in zip(self.heads, self.encoder.forward_maps(x)[-3:]))
+
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
         p, b = self.params, views[0].shape[0]
-        maps = self.encoder.forward_maps(torch.cat(views[:2]))[-3:]
-        l7, l5, l1 = (head(m) for head, m in zip(self.heads, maps))  # [2B, R, h, w] each
+        l7, l5, l1 = self.in_micro_batches(self._local_features, views[:2])  # [2B, R, h, w] each, per sample
         g = l1.mean(dim=(2, 3))  # [2B, R] global feature
         world, mine = self.ranks.world, self.ranks.own(b)  # on W ranks: this rank's B of the global BW
         images = mine.start + torch.arange(b, device=g.device)  # [B] each anchor row's image among the BW

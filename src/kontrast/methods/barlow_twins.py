@@ -52,7 +52,7 @@ class BarlowTwins(Method):
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
         # each view through the network on its own (BN statistics per view), as the authors' code
-        z1, z2 = (self.projector(self.encoder(v)) for v in views[:2])  # [B, D] each
+        z1, z2 = (self.in_micro_batches(lambda x: self.projector(self.encoder(x)), [v]) for v in views[:2])  # [B, D]
         # the global batch: the standardisation and C need every rank's samples (one process: z itself)
         z1, z2 = self.ranks.gather(z1), self.ranks.gather(z2)  # [BW, D] each, in rank order
         total, on_diag, off_diag = barlow_twins_loss(z1, z2, self.params.lambd)  # eq. 1 on C [D, D]

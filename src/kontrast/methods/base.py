@@ -14,6 +14,11 @@ The training loop knows nothing else about a method:
     After the optimizer step, with that step's ``out`` and its :class:`Progress` (``step`` now
     *including* this step): where stateful parts are updated (queues, EMA targets, memory banks).
 
+Inside ``training_step`` the per-sample part (encoder and heads, up to the embeddings the loss compares)
+runs through :meth:`Method.in_micro_batches`; everything after it (scores, loss, Sinkhorn, centres, batch
+statistics) runs once on the whole batch. With ``train.accumulate K`` that is gradient caching
+(:mod:`kontrast.micro_batches`): the step, ``after_step`` and all state still happen once per optimizer step.
+
 State flows through ``out``, never through hidden attributes, and time through ``progress``: no
 method keeps its own step counter. Outside training (unit tests, the benchmarks' callers of the
 method alone) ``progress`` may be None in ``training_step``: the method then acts as at step 0.
@@ -27,6 +32,8 @@ from typing import Any, ClassVar, Mapping
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from kontrast.micro_batches import batch_norms, in_micro_batches
 
 
 @dataclass(frozen=True)
@@ -118,6 +125,19 @@ class Method(nn.Module):
         self.params = params
         self.num_samples = num_samples  # training-set size, for per-sample state (0 when unknown)
         self.ranks = ranks  # the processes a step is spread over (one, or the training room's torch.distributed ones)
+        self.accumulate = 1  # train.accumulate (the training room sets it): each process's batch in this many parts
+
+    @property
+    def micro_batches(self) -> int:
+        """The micro-batches a training step's per-sample part runs in (``accumulate``; 1 outside training)."""
+        return self.accumulate if self.training else 1
+
+    def in_micro_batches(self, fn, views: list[torch.Tensor]):
+        """``fn(torch.cat(views))`` for the per-sample part of a step (encoder, heads): in training with
+        ``accumulate`` K > 1, run on K micro-batches with gradient caching (:mod:`kontrast.micro_batches`),
+        micro-batch k holding rows k b .. (k+1) b of every view, as process k of K would."""
+        count = self.micro_batches
+        return in_micro_batches(fn, views, count, batch_norms(self) if count > 1 else ())
 
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:

@@ -52,13 +52,18 @@ class BYOL(Method):
     def _online(self) -> nn.Module:
         return nn.Sequential(self.encoder, self.projector)
 
+    def _predict(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The online network's projection z and prediction q(z), [N, proj_dim] each (per sample)."""
+        z = self.projector(self.encoder(x))
+        return z, self.predictor(z)
+
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
         b = views[0].shape[0]
         # each view through each network on its own (BN statistics per view), as BYOL's and solo-learn's code
-        z = torch.cat([self.projector(self.encoder(v)) for v in views[:2]])  # [2B, proj_dim]
-        p = torch.cat([self.predictor(z_v) for z_v in z.split(b)])  # [2B, proj_dim]
-        t = torch.cat([self.target(v) for v in views[:2]]).detach()  # [2B, proj_dim] target projections
+        z, p = (torch.cat(t) for t in zip(*(self.in_micro_batches(self._predict, [v]) for v in views[:2])))  # [2B, D] x2
+        with torch.no_grad():
+            t = torch.cat([self.in_micro_batches(self.target, [v]) for v in views[:2]])  # [2B, proj_dim] targets
         sim_12 = paired_cosine(p[:b], t[b:])  # [B] cos(q(z_1), z'_2): view 1's prediction vs view 2's target
         sim_21 = paired_cosine(p[b:], t[:b])  # [B] the swapped pair
         loss = (2 - 2 * sim_12).mean() + (2 - 2 * sim_21).mean()  # normalised MSE |p/|p| - t/|t||^2 = 2 - 2 cos (eq. 2)

@@ -75,8 +75,8 @@ class CLIP(Method):
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
         if indices is None or len(self.tokens) == 0:
             raise UserError("clip trains on image-caption pairs: call bind_data(training set) and pass the batch's indices")
-        img = self.encode_image(views[0])  # [B, embed_dim]
-        txt = self.encode_text(self.tokens[indices])  # [B, embed_dim]
+        img = self.in_micro_batches(self.encode_image, views[:1])  # [B, embed_dim], per sample (base.py)
+        txt = self.in_micro_batches(self.encode_text, [self.tokens[indices]])  # [B, embed_dim]
         scale = self.logit_scale.exp()
         if self.ranks.world == 1:
             scores = cosine(img, txt) * scale  # [B, B] image i vs caption j

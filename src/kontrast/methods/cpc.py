@@ -64,7 +64,7 @@ class CPC(Method):
 
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
-        z, c = self.encoder.forward_sequence(views[0])  # [B, T, D], [B, T, H]
+        z, c = self.in_micro_batches(self.encoder.forward_sequence, views[:1])  # [B, T, D], [B, T, H] per sample
         (b, t), steps, pool = z.shape[:2], self.params.steps, self.params.negative_pool
         if t <= steps:
             raise UserError(f"cpc: sequences give {t} encoder steps, need more than method.steps={steps}")

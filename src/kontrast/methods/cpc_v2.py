@@ -76,11 +76,15 @@ class CPCV2(Method):
             return f"its encoder takes patches of at least {need} px, method.patch_size is {p.patch_size}"
         return None
 
+    def _grid_and_context(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Patch codes z and contexts c, [B, D, gh, gw] each; row i of c sees rows <= i of z."""
+        z = self.encoder.forward_grid(x)
+        return z, self.context(z)
+
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
         p = self.params
-        z = self.encoder.forward_grid(views[0])  # [B, D, gh, gw]
-        c = self.context(z)  # [B, D, gh, gw]; row i sees rows <= i
+        z, c = self.in_micro_batches(self._grid_and_context, views[:1])  # per sample, in micro-batches (base.py)
         b, (gh, gw) = z.shape[0], z.shape[2:]
         if gh <= p.max_offset:
             raise UserError(f"cpc_v2: the patch grid has {gh} rows, need more than method.max_offset={p.max_offset}")

@@ -96,9 +96,12 @@ class DINO(Method):
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
         p, b, epochs = self.params, views[0].shape[0], progress.epochs_done if progress is not None else 0.0
         frozen = progress is not None and epochs < p.freeze_last_layer_epochs
-        z = self.head.embed(encode_views(self.encoder, views))  # [V*B, bottleneck] student, L2-normalised
+        # per sample, in micro-batches (base.py): the encoder per crop size, the head's MLP on every crop
+        h = encode_views(self.encoder, views, self.in_micro_batches)  # [V*B, dim]
+        z = self.in_micro_batches(self.head.embed, list(h.split(b)))  # [V*B, bottleneck] student, L2-normalised
         s = self.head.prototypes(z, frozen=frozen).view(len(views), b, -1)  # [V, B, K] student logits, float32
-        t = self.target(torch.cat(views[:2])).view(2, b, -1)  # [2, B, K] teacher logits, global crops only
+        with torch.no_grad():
+            t = self.in_micro_batches(self.target, views[:2]).view(2, b, -1)  # [2, B, K] teacher, global crops
         tau_t = teacher_temperature(epochs, p.warmup_teacher_temp, p.teacher_temp, p.warmup_teacher_temp_epochs)
         with float32(s):  # logits / tau_t (0.04): softmaxes in float32
             loss = dino_loss(s, t, self.centre, p.student_temp, tau_t)  # H(P_t(x), P_s(x')), x' != x

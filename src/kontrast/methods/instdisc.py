@@ -70,7 +70,8 @@ class InstDisc(Method):
         if indices is None or n == 0:
             raise UserError("instdisc needs each image's dataset index and the training-set size; train it "
                             "with `kontrast train` (the loop passes both)")
-        f = F.normalize(self.projector(self.encoder(views[0])).float(), dim=1)  # [B, D]
+        f = self.in_micro_batches(lambda x: self.projector(self.encoder(x)), views[:1])  # [B, D], per sample
+        f = F.normalize(f.float(), dim=1)  # [B, D]
         noise = self.bank.items[self.bank.sample(p.noise_samples)]  # [m, D], shared by the batch
         v = self.bank.items[indices]  # [B, D] own entries, before this step's update
         pos = (f * v).sum(1) / p.temperature  # [B] v_i.f_i / tau

@@ -82,7 +82,8 @@ class KernelInfoNCE(Method):
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
         b = views[0].shape[0]
-        z = F.normalize(self.projector(self.encoder(torch.cat(views[:2]))).float(), dim=1)  # [2B, proj_dim]
+        z = self.in_micro_batches(lambda x: self.projector(self.encoder(x)), views[:2])  # [2B, proj_dim], per sample
+        z = F.normalize(z.float(), dim=1)  # [2B, proj_dim]
         candidates, mine = self.ranks.everyone(z)  # [2BW, proj_dim] every rank's cat(view 1, view 2) (one process: z)
         s = scores(self.params, z, candidates)  # [2B, 2BW] log k(z_i, z_j)
         loss = two_view_info_nce(s, b, mine.start)  # NT-Xent's targets: the other view; itself masked

@@ -53,6 +53,10 @@ class MoCoV2Params:
             raise UserError(f"config key 'method.queue_size' ({self.queue_size}) is smaller than the keys pushed "
                             f"per step ({keys} = batch {cfg.train.batch_size}{' x 2 views' if self.symmetric else ''}); "
                             "raise it or lower the batch size")
+        if self.bn_groups % cfg.train.accumulate or (cfg.train.accumulate > 1 and not self.head_bn_groups):
+            raise UserError(f"train.accumulate ({cfg.train.accumulate}) needs method.bn_groups ({self.bn_groups}) "
+                            "divisible by it and method.head_bn_groups true: each micro-batch forwards bn_groups / "
+                            "accumulate BN groups through the whole network, as a process does")
         if cfg.train.batch_size < 2 * self.bn_groups:
             raise UserError(f"config key 'method.bn_groups' ({self.bn_groups}) needs 2 samples per BN group, so "
                             f"a batch of at least {2 * self.bn_groups}; got {cfg.train.batch_size}: lower method.bn_groups "
@@ -91,8 +95,9 @@ class MoCoV2(Method):
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
         p, b, ranks = self.params, views[0].shape[0], self.ranks
         online, target = self._online(), self.target.net
-        groups = p.bn_groups // ranks.world  # on W ranks each emulates bn_groups / W of the GPUs
-        q1 = self._grouped(online, views[0], lambda n, x: grouped_forward(n, x, groups))  # [B, proj_dim] queries
+        groups = p.bn_groups // (ranks.world * self.micro_batches)  # each rank (micro-batch) has bn_groups / W K GPUs
+        queries = lambda x: self._grouped(online, x, lambda n, y: grouped_forward(n, y, groups))  # noqa: E731
+        q1 = self.in_micro_batches(queries, views[:1])  # [B, proj_dim] queries, per sample (base.py)
         with torch.no_grad():  # keys: random BN groups within view 2 (across ranks on several)
             k2 = self._grouped(target, views[1], lambda n, x: shuffled_forward(n, x, p.bn_groups, ranks))  # [B, D]
         queue = self.queue.items.clone()  # [K, proj_dim] negatives before this step's push
@@ -101,7 +106,7 @@ class MoCoV2(Method):
         loss = info_nce(scores, positives)
         keys = ranks.gather(k2)  # [BW, proj_dim] every rank's keys enter the queue (one process: k2)
         if p.symmetric:  # the other direction; the asymmetric loss (MoCo v1) forwards neither q2 nor k1
-            q2 = self._grouped(online, views[1], lambda n, x: grouped_forward(n, x, groups))  # [B, proj_dim]
+            q2 = self.in_micro_batches(queries, views[1:2])  # [B, proj_dim]
             with torch.no_grad():
                 k1 = self._grouped(target, views[0], lambda n, x: shuffled_forward(n, x, p.bn_groups, ranks))
             scores = moco_scores(q2, k1, queue, p.temperature)  # [B, 1+K] cos(q2, [k1, queue]) / tau

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from kontrast.encoders.batchnorm import grouped_forward
 from kontrast.encoders.target import MomentumTarget, cosine_momentum
 from kontrast.extract import mlp
 from kontrast.losses import info_nce, mi_bound
@@ -71,14 +70,18 @@ class MoCoV3(Method):
     def _online(self) -> nn.Module:
         return nn.Sequential(self.encoder, self.projector)
 
+    def _query(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Projection z and query q = predictor(z), [N, proj_dim] each (per sample)."""
+        z = self.projector(self.encoder(x))
+        return z, self.predictor(z)
+
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
         p, b = self.params, views[0].shape[0]
-        x = torch.cat(views[:2])  # [2B, C, H, W]
-        z = grouped_forward(self._online(), x, 2)  # [2B, proj_dim], BN per view
-        q = grouped_forward(self.predictor, z, 2)  # [2B, proj_dim] queries
+        # each view on its own (BN per view), per sample in micro-batches (base.py)
+        z, q = (torch.cat(t) for t in zip(*(self.in_micro_batches(self._query, [v]) for v in views[:2])))  # [2B, D]
         with torch.no_grad():
-            k = grouped_forward(self.target.net, x, 2)  # [2B, proj_dim] keys
+            k = torch.cat([self.in_micro_batches(self.target.net, [v]) for v in views[:2]])  # [2B, proj_dim] keys
         (k1, mine), k2 = self.ranks.everyone(k[:b]), self.ranks.gather(k[b:])  # [BW, proj_dim] every rank's keys
         offset = mine.start  # row of this rank's first key
         ce = (cross_entropy(q[:b], k2, p.temperature, offset) + cross_entropy(q[b:], k1, p.temperature, offset)) / 2

@@ -21,7 +21,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kontrast.config import checked
-from kontrast.encoders.batchnorm import grouped_forward
 from kontrast.errors import UserError
 from kontrast.extract import mlp, nearest_neighbours
 from kontrast.losses import Queue, info_nce, mi_bound
@@ -58,11 +57,16 @@ class NNCLR(Method):
         self.predictor = mlp([d, params.pred_hidden, d])
         self.queue = Queue(params.queue_size, d)
 
+    def _predict(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Projection z and prediction p, [N, d] each (per sample)."""
+        z = self.projector(self.encoder(x))
+        return z, self.predictor(z)
+
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
         tau, b = self.params.temperature, views[0].shape[0]
-        z = grouped_forward(nn.Sequential(self.encoder, self.projector), torch.cat(views[:2]), 2)  # [2B, d] BN per view
-        p = grouped_forward(self.predictor, z, 2)  # [2B, d] predictions
+        # each view on its own (BN per view), per sample in micro-batches (base.py)
+        z, p = (torch.cat(t) for t in zip(*(self.in_micro_batches(self._predict, [v]) for v in views[:2])))  # [2B, d]
         nn1, nn2 = nearest_neighbours(z, self.queue.items).split(b)  # [B, d] each: NN(z1, Q), NN(z2, Q), no gradient
         p1, p2 = self.ranks.gather(p[:b]), self.ranks.gather(p[b:])  # [BW, d] every rank's predictions
         positives = self.ranks.own(b).start + torch.arange(b, device=z.device)  # [B] this rank's images among BW

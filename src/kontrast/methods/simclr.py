@@ -50,9 +50,10 @@ class SimCLR(Method):
 
     def embed(self, views: list[torch.Tensor]) -> torch.Tensor:
         """Encoder and head on the views ([B, ...] each), concatenated: [2B, proj_dim]."""
+        net = lambda x: self.projector(self.encoder(x))  # noqa: E731  per sample: in micro-batches (base.py)
         if self.params.view_bn == "joint":  # the authors' code: one 2B batch, BN statistics over both views
-            return self.projector(self.encoder(torch.cat(views)))
-        return torch.cat([self.projector(self.encoder(v)) for v in views])  # BN statistics of each view's batch
+            return self.in_micro_batches(net, views)
+        return torch.cat([self.in_micro_batches(net, [v]) for v in views])  # BN statistics of each view's batch
 
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:

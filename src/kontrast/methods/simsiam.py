@@ -55,8 +55,9 @@ class SimSiam(Method):
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
         b = views[0].shape[0]
-        z = torch.cat([self.projector(self.encoder(v)) for v in views[:2]])  # [2B, proj_dim]; BN statistics per view
-        p = self.predictor(z)  # [2B, proj_dim]
+        net = lambda x: self.projector(self.encoder(x))  # noqa: E731 per sample, in micro-batches (base.py)
+        z = torch.cat([self.in_micro_batches(net, [v]) for v in views[:2]])  # [2B, proj_dim]; BN statistics per view
+        p = self.in_micro_batches(self.predictor, list(z.split(b)))  # [2B, proj_dim]; BN over both views
         t = z.detach() if self.params.stop_gradient else z  # [2B, proj_dim] targets
         sim_12 = paired_cosine(p[:b], t[b:])  # [B] cos(p1, sg(z2))
         sim_21 = paired_cosine(p[b:], t[:b])  # [B] cos(p2, sg(z1))

@@ -41,7 +41,7 @@ class Spectral(Method):
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
         b, mu = views[0].shape[0], self.params.mu
-        z = self.projector(self.encoder(torch.cat(views[:2])))  # [2B, proj_dim], not normalised
+        z = self.in_micro_batches(lambda x: self.projector(self.encoder(x)), views[:2])  # [2B, proj_dim], not normalised
         z1, z2 = clip_norm(z[:b].float(), mu), clip_norm(z[b:].float(), mu)  # [B, D] each, norms at most sqrt(mu)
         positive = (z1 * z2).sum(1)  # [B] f(x_i).f(x_i+)
         candidates, mine = self.ranks.everyone(z2)  # [BW, D] every rank's second views (one process: z2)

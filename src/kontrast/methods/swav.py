@@ -79,7 +79,9 @@ class SwAV(Method):
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
         p, b, n_views = self.params, views[0].shape[0], len(views)
         epochs = progress.epochs_done if progress is not None else 0.0
-        z = F.normalize(self.projector(encode_views(self.encoder, views)), dim=1)  # [V*B, proj_dim]
+        # per sample, in micro-batches (base.py): the encoder per crop size, the projector on every crop
+        h = encode_views(self.encoder, views, self.in_micro_batches)  # [V*B, dim]
+        z = F.normalize(self.in_micro_batches(self.projector, list(h.split(b))), dim=1)  # [V*B, proj_dim]
         frozen = self.num_samples > 0 and epochs < p.freeze_prototypes_epochs
         with float32(z):  # scores and codes in float32 (exp(s / ε) is sensitive)
             scores = self.prototypes(z.float(), frozen=frozen).view(n_views, b, -1)  # [V, B, K] cos(z, c_k)

@@ -55,7 +55,7 @@ class VICReg(Method):
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
         p = self.params
         # each view through the network on its own (BN statistics per view), as the authors' code
-        z1, z2 = (self.projector(self.encoder(v)) for v in views[:2])  # [B, D] each
+        z1, z2 = (self.in_micro_batches(lambda x: self.projector(self.encoder(x)), [v]) for v in views[:2])  # [B, D]
         # the global batch: variance and covariance need every rank's samples (one process: z itself)
         z1, z2 = self.ranks.gather(z1), self.ranks.gather(z2)  # [BW, D] each, in rank order
         loss, inv, var, cov = vicreg_loss(z1, z2, p.sim_coeff, p.std_coeff, p.cov_coeff,

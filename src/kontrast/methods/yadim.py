@@ -56,7 +56,7 @@ class YADIM(Method):
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
         p, b = self.params, views[0].shape[0]
-        f = self.head(self._last_map(torch.cat(views[:2])))  # [2B, R, h, w]
+        f = self.in_micro_batches(lambda x: self.head(self._last_map(x)), views[:2])  # [2B, R, h, w], per sample
         g = f.mean(dim=(2, 3))  # [2B, R]
         n_loc, world = f.shape[2] * f.shape[3], self.ranks.world  # L locations per image; W ranks of B images
         images = self.ranks.own(b).start + torch.arange(b, device=g.device)  # [B] each anchor row's image among the BW

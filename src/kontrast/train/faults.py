@@ -10,6 +10,8 @@ comma-separated list of ``name=value``:
 * ``signal_after_step=N`` with ``signal=TERM|INT``: send that signal to this process after step N
   (``signal_group=1``: to its whole process group, as a terminal's Ctrl-C or a scheduler does, DataLoader
   workers included).
+* ``signal_in_step=N`` with ``signal=TERM|INT``: send that signal in the middle of step N, as the encoder starts
+  its second forward of the step (under ``train.accumulate``: between the first two micro-batches).
 * ``kill_in_checkpoint=N``: ``SIGKILL`` while the checkpoint of step N is half written.
 * ``nan_at_step=N[+M...]``: make the loss of step(s) N (1-based) NaN.
 * ``trace=PATH``: append ``{"step", "epoch", "indices"}`` per step to PATH (JSON lines).
@@ -54,6 +56,8 @@ class Faults(NoFaults):
         self.kill_in_checkpoint = int(spec.get("kill_in_checkpoint", -1))
         self.kill_after = int(spec.get("kill_after_step", -1))
         self.signal_after = int(spec.get("signal_after_step", -1))
+        self.signal_in = int(spec.get("signal_in_step", -1))
+        self.step, self.forwards = 0, 0  # the step under way (1-based) and its encoder forwards so far
         self.signal = signal.SIGINT if spec.get("signal", "TERM").upper() == "INT" else signal.SIGTERM
         self.signal_group = spec.get("signal_group", "0") == "1"
         self.nan_steps = {int(s) for s in spec.get("nan_at_step", "").split("+") if s}
@@ -68,7 +72,10 @@ class Faults(NoFaults):
         return cls(spec) if spec else NoFaults()
 
     def run_start(self, loop) -> None:
-        """``nan_at_step``: the method's loss is NaN at those steps (1-based), as a diverging run's would be."""
+        """``nan_at_step``: the method's loss is NaN at those steps (1-based), as a diverging run's would be.
+        ``signal_in_step``: a hook on the encoder's forward that sends the signal in the middle of that step."""
+        if self.signal_in > 0:
+            loop.ctx.method.encoder.register_forward_pre_hook(self._mid_step)
         if not self.nan_steps:
             return
         method = loop.ctx.method
@@ -82,8 +89,15 @@ class Faults(NoFaults):
 
         method.training_step = poisoned  # this run's method object only
 
+    def _mid_step(self, module, args) -> None:
+        if self.step == self.signal_in:
+            self.forwards += 1
+            if self.forwards == 2:
+                os.kill(os.getpid(), self.signal)
+
     def step_start(self, loop, epoch: int, indices, batch) -> None:
         """``trace``: the step's samples on this process (its slice of the global batch on several)."""
+        self.step, self.forwards = loop.step + 1, 0
         if not self.trace_path:
             return
         ranks = loop.ranks

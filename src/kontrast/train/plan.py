@@ -69,6 +69,12 @@ class RunPlan:
         """The start-up lines: what was decided for size and stem, the method's recipe for its encoder family,
         numerics, and the views where the recipe is not the method's own at this size."""
         lines = [*self.sized, *recipe_lines(self.cfg), self.numerics]
+        tc = self.cfg.train
+        if tc.accumulate > 1:
+            share, whose = tc.batch_size // self.world, "each process's batch" if self.world > 1 else "the batch"
+            synced = " over every process" if self.world > 1 and tc.sync_bn else ""
+            lines.append(f"gradient caching: {whose} of {share} in {tc.accumulate} micro-batches of "
+                         f"{share // tc.accumulate}, BatchNorm statistics per micro-batch{synced}")
         native = self.cfg.augment.recipe or METHODS.get(self.cfg.method.name).recipe
         if self.recipe is not None and self.recipe != native:
             lines.append(f"views: {self.recipe!r}, the ImageNet version of {native!r} at data.size "
@@ -89,6 +95,7 @@ def plan_run(cfg: Config, ranks: Ranks = Ranks()) -> RunPlan:
     ``ranks.rank`` of ``ranks.world``; with several processes the data path is one for all of them."""
     device = distributed.local_device(resolve_device(cfg.train.device))
     distributed.check_world(cfg, ranks.world)
+    check_micro_batches(cfg, ranks.world)
     cfg = absolute_paths(cfg)
     cfg, sized = decide_size(cfg)  # data.size and encoder.stem from the images, where auto
     precision, layout, numerics = choose_precision(cfg.train.precision, cfg.train.channels_last, device,
@@ -105,6 +112,16 @@ def plan_run(cfg: Config, ranks: Ranks = Ranks()) -> RunPlan:
     views = _views(cfg, recipe) if recipe else ()
     return RunPlan(cfg=cfg, device=str(device), rank=ranks.rank, world=ranks.world, numerics=numerics, sized=tuple(sized),
                    data_why=data_why, recipe=recipe, views=views, encoder=build_encoder_args(cfg))
+
+
+def check_micro_batches(cfg: Config, world: int) -> None:
+    """``train.accumulate`` K cuts each process's share of the batch into K micro-batches of 2 samples or more."""
+    k, batch = cfg.train.accumulate, cfg.train.batch_size
+    if k > 1 and (batch % (world * k) or batch // (world * k) < 2):
+        per = f"{world} processes x {k}" if world > 1 else str(k)
+        raise UserError(f"train.batch_size ({batch}) must divide into {per} micro-batches of 2 images or more "
+                        f"(train.accumulate {k}); use a batch that is a multiple of {2 * world * k} or a smaller "
+                        "train.accumulate")
 
 
 def _views(cfg: Config, recipe: str) -> tuple[ViewSpec, ...]:
@@ -201,6 +218,7 @@ def _build_method(plan: RunPlan, ranks: Ranks, data, resume: bool):
     cfg, tc = plan.cfg, plan.cfg.train
     torch.manual_seed(tc.seed)
     method = create_method(cfg, num_samples=len(data), pretrained=not resume, ranks=ranks).to(plan.torch_device)
+    method.accumulate = tc.accumulate  # gradient caching: the per-sample part of each step in micro-batches
     if ranks.world > 1 and tc.sync_bn and method.sync_bn:
         distributed.global_batch_norm(method)  # BN statistics of the global batch, as on one process
     if tc.channels_last:
