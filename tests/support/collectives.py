@@ -46,6 +46,14 @@ def main() -> None:
     (ranks.gather(view) * weights[r]).sum().backward()
     check(base.grad is not None and torch.allclose(base.grad.T, expected), "non-contiguous input lost its gradient")
 
+    # pass_on: rank r - 1's rows come back; the gradient of sum(weights_r * received) reaches the sender, rank r - 1
+    y = x_all[r * 3:(r + 1) * 3].clone().requires_grad_(True)
+    received = ranks.pass_on(y)
+    previous = (r - 1) % w
+    check(torch.equal(received.detach(), x_all[previous * 3:(previous + 1) * 3]), "pass_on brings rank r-1's rows")
+    (received * weights[r][:3]).sum().backward()
+    check(torch.allclose(y.grad, weights[(r + 1) % w][:3]), f"pass_on gradient {y.grad} reaches the sender")
+
     # GlobalBatchNorm on each rank's slice == BatchNorm on the global batch (output, gradients, running stats),
     # for maps (BatchNorm2d) and vectors (BatchNorm1d, the heads)
     for bn, shape in ((nn.BatchNorm2d, (3, 5, 5)), (nn.BatchNorm1d, (3,))):

@@ -265,3 +265,15 @@ def naive_ami(a: list[int], b: list[int]) -> float:
     mean_h = (h(sa) + h(sb)) / 2
     mi = nmi_value * mean_h
     return (mi - emi) / (mean_h - emi)
+
+
+def naive_siglip(x, y, log_t, bias):
+    """SigLIP's loss, Zhai et al. 2023 eq. 1: -1/|B| sum_i sum_j log 1 / (1 + exp(z_ij (-t x_i.y_j - b))), x and y
+    normalised, t = exp(t'), z_ij = 1 on the diagonal and -1 elsewhere; a float64 tensor with autograd."""
+    n, total = x.shape[0], 0.0
+    for i in range(n):
+        for j in range(n):
+            z = 1.0 if i == j else -1.0
+            s = (x[i] / x[i].norm()) @ (y[j] / y[j].norm())
+            total = total + torch.log(1 / (1 + torch.exp(z * (-torch.exp(log_t) * s - bias))))
+    return -total / n

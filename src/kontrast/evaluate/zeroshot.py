@@ -32,7 +32,8 @@ class _ImageTower(nn.Module):
 
 
 def supports_zeroshot(model: nn.Module) -> bool:
-    return all(hasattr(model, name) for name in ("tokenize", "encode_text", "encode_image"))
+    """An image-text model with its text tower (CLIP, SigLIP on captions; not SigLIP on two image views)."""
+    return all(hasattr(model, name) for name in ("text", "tokenize", "encode_text", "encode_image"))
 
 
 @torch.no_grad()

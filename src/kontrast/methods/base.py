@@ -83,6 +83,11 @@ class Ranks:
         """Rank ``src``'s ``x`` on every rank (one process: ``x``)."""
         return x
 
+    def pass_on(self, x: torch.Tensor) -> torch.Tensor:
+        """Around the ring: this rank's ``x [b, ...]`` goes to rank r + 1 and rank r - 1's comes back (one process:
+        ``x``); the gradient flows back to the rank that sent it."""
+        return x
+
     def own(self, n: int) -> slice:
         """This rank's ``n`` rows among every rank's ``W n`` (in :meth:`gather`'s rank order)."""
         return slice(self.rank * n, (self.rank + 1) * n)

@@ -109,6 +109,14 @@ class ProcessGroupRanks(Ranks):
         """
         return collectives.all_gather_single(x.contiguous(), 0, dist.group.WORLD)
 
+    def pass_on(self, x: torch.Tensor) -> torch.Tensor:
+        """Rank r's ``x`` to rank r + 1 and rank r - 1's back, in one all-to-all whose other splits are empty (its
+        backward sends the gradient the other way round the ring)."""
+        w, r, b = self.world, self.rank, x.shape[0]
+        send = [b if k == (r + 1) % w else 0 for k in range(w)]  # rows to each rank
+        receive = [b if k == (r - 1) % w else 0 for k in range(w)]  # rows from each rank
+        return collectives.all_to_all_single_autograd(x.contiguous(), receive, send, dist.group.WORLD)
+
     def broadcast(self, x: torch.Tensor, src: int = 0) -> torch.Tensor:
         x = x.contiguous()
         dist.broadcast(x, src)
