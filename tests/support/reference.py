@@ -277,3 +277,15 @@ def naive_siglip(x, y, log_t, bias):
             s = (x[i] / x[i].norm()) @ (y[j] / y[j].norm())
             total = total + torch.log(1 / (1 + torch.exp(z * (-torch.exp(log_t) * s - bias))))
     return -total / n
+
+
+def naive_supcon(z, labels, tau):
+    """SupCon's L_out, Khosla et al. 2020 eq. 2, averaged over the anchors: for each of the 2N views i,
+    -1/|P(i)| sum_{p in P(i)} log(exp(z_i.z_p/tau) / sum_{a != i} exp(z_i.z_a/tau)), z normalised; float64 tensor."""
+    z = z / z.norm(dim=1, keepdim=True)
+    n, total = z.shape[0], 0.0
+    for i in range(n):
+        den = sum(torch.exp(z[i] @ z[a] / tau) for a in range(n) if a != i)
+        pos = [p for p in range(n) if p != i and labels[p] == labels[i]]
+        total = total - sum(torch.log(torch.exp(z[i] @ z[p] / tau) / den) for p in pos) / len(pos)
+    return total / n

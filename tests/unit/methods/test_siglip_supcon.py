@@ -1,4 +1,5 @@
-"""SigLIP (kontrast/methods/siglip.py): the loss at the start, the two-view form, zero-shot only with a text tower."""
+"""SigLIP and SupCon (kontrast/methods/siglip.py, supcon.py): the loss on the method's own embeddings, the two-view
+form, zero-shot only with a text tower; labels required."""
 
 import pytest
 import torch
@@ -43,3 +44,12 @@ def test_two_image_views_train_without_a_text_tower_and_need_a_two_view_recipe()
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in method.encoder.parameters())
     with pytest.raises(UserError, match="method.pairs=views trains on two image views: set augment.recipe"):
         resolve({"method": {"name": "siglip", "pairs": "views"}})
+
+
+def test_supcon_refuses_unlabelled_data_in_one_line():
+    from kontrast.data.samples import Samples as S
+
+    cfg = resolve({"method": {"name": "supcon"}, "encoder": TINY_ENCODER})
+    method = create_method(cfg, num_samples=8)
+    with pytest.raises(UserError, match="supcon learns from class labels and photos has none"):
+        method.bind_data(S(torch.zeros(8, 3, 8, 8, dtype=torch.uint8), None, [], "photos"))
