@@ -30,6 +30,7 @@ class SupConParams:
     temperature: float = checked(0.1, gt=0)  # tau of the scores z_i.z_a / tau
     proj_hidden: int = checked(0, ge=0)  # 0 = the encoder's feature dim, as the authors' head
     proj_dim: int = checked(128, ge=1)  # output width of the projection head
+    proj_bn: bool = False  # BN after the head's hidden layer (SimCLR's head; the authors' has none)
 
 
 @METHODS.register("supcon")
@@ -42,7 +43,7 @@ class SupCon(Method):
 
     def __init__(self, encoder, params: SupConParams, num_samples: int = 0, ranks: Ranks = Ranks()):
         super().__init__(encoder, params, num_samples, ranks)
-        self.projector = mlp([encoder.dim, params.proj_hidden or encoder.dim, params.proj_dim], norm=False)
+        self.projector = mlp([encoder.dim, params.proj_hidden or encoder.dim, params.proj_dim], norm=params.proj_bn)
         self.register_buffer("labels", torch.zeros(0, dtype=torch.long), persistent=False)
 
     def bind_data(self, data) -> str:
