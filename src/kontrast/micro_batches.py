@@ -32,9 +32,10 @@ from torch.utils.checkpoint import checkpoint
 Output = torch.Tensor | tuple[torch.Tensor, ...]
 
 
-def in_micro_batches(fn: Callable[[torch.Tensor], Output], views: Sequence[torch.Tensor], count: int,
-                     norms: Sequence[nn.Module] = ()) -> Output:
-    """``fn(torch.cat(views))``, computed in ``count`` micro-batches (rows in the same order).
+def in_micro_batches(fn: Callable[..., Output], views: Sequence[torch.Tensor], count: int,
+                     norms: Sequence[nn.Module] = (), rows: Sequence[Sequence[torch.Tensor]] = ()) -> Output:
+    """``fn(torch.cat(views), *(torch.cat(r) for r in rows))``, computed in ``count`` micro-batches (rows in the
+    same order). ``rows``: per-row inputs beside the views (iBOT's masks), each a list parallel to ``views``.
 
     ``fn``: per-sample (row i of its output depends on row i of its input only, BatchNorm statistics aside), a
     tensor or a tuple of tensors out; ``views``: [B, ...] each, B divisible by ``count``; ``norms``: the BatchNorm
@@ -42,7 +43,7 @@ def in_micro_batches(fn: Callable[[torch.Tensor], Output], views: Sequence[torch
     off (a momentum teacher): no checkpoint, and with ``count == 1`` nothing but ``fn(torch.cat(views))``.
     """
     if count == 1:
-        return fn(views[0] if len(views) == 1 else torch.cat(views))
+        return fn(views[0] if len(views) == 1 else torch.cat(views), *(torch.cat(list(r)) for r in rows))
     b = views[0].shape[0] // count
     if any(v.shape[0] != b * count for v in views):
         raise ValueError(f"views of {[v.shape[0] for v in views]} rows do not divide into {count} micro-batches")
@@ -50,11 +51,12 @@ def in_micro_batches(fn: Callable[[torch.Tensor], Output], views: Sequence[torch
     outs = []
     for k in range(count):
         x = torch.cat([v[k * b:(k + 1) * b] for v in views])  # [V b, ...] micro-batch k of every view
+        args = [torch.cat([v[k * b:(k + 1) * b] for v in r]) for r in rows]  # the same rows of each per-row input
         if cached:
-            y = checkpoint(fn, x, use_reentrant=False,
+            y = checkpoint(fn, x, *args, use_reentrant=False,
                            context_fn=lambda: (contextlib.nullcontext(), _running_stats_kept(norms)))
         else:
-            y = fn(x)
+            y = fn(x, *args)
         outs.append(y if isinstance(y, tuple) else (y,))
     joined = tuple(_rows_in_view_order([o[i] for o in outs], len(views), b) for i in range(len(outs[0])))
     return joined if isinstance(y, tuple) else joined[0]

@@ -48,7 +48,7 @@ FACTORS = {
     "accumulate": [1, 2],
 }
 # AMDIM and YADIM compare feature maps at three scales: a ViT has one (refused in one line by design, as CPC v2's
-# 8-px patches are on the ImageNet stem; test_excluded_pairs_refuse_in_one_line). Large batches at 96 px on the CIFAR stem (16x the ImageNet stem's activations)
+# 8-px patches are on the ImageNet stem; tests/unit/methods/test_sizes.py::test_a_combination_that_cannot_train_is_refused_in_one_line). Large batches at 96 px on the CIFAR stem (16x the ImageNet stem's activations)
 # would cost minutes and cover no pair that other cells do not.
 MULTISCALE = ("amdim", "yadim")
 
@@ -56,8 +56,10 @@ MULTISCALE = ("amdim", "yadim")
 def allowed(cell: dict) -> bool:
     if cell.get("method") in MULTISCALE and cell.get("encoder") == "vit_tiny":
         return False
+    if cell.get("method") in IMAGE_METHODS and METHODS.get(cell["method"]).vit_only and cell.get("encoder", "vit_tiny") != "vit_tiny":
+        return False  # iBOT masks patch tokens: a ResNet is refused in one line (tests/unit/methods/test_sizes.py)
     if cell.get("method") == "cpc_v2" and cell.get("encoder") == "resnet18-imagenet":
-        return False  # 8-px patches through a stem that reduces 32x: refused (test_excluded_pairs_refuse_in_one_line)
+        return False  # 8-px patches through a stem that reduces 32x: refused (tests/unit/methods/test_sizes.py::test_a_combination_that_cannot_train_is_refused_in_one_line)
     if (cell.get("batch"), cell.get("size"), cell.get("encoder")) == ("min", "min", "resnet18-imagenet"):
         # the three together (each pair stays covered): 4-px views through a stem that reduces 32x, so every BN
         # from layer 1 on normalises 2 values per channel (batch 2, 1x1 maps); its backward divides by their spread
@@ -86,7 +88,7 @@ REFUSED: list[tuple] = [
      f"'method.negative_pool' ({{pool}}) must divide the batch of each process"),
     (lambda c: batch_of(c) % (c["world"] * c["accumulate"]), "micro-batches of 2 images or more"),
     # multi-crop's local crops at 32 px are 16 px, below what the ImageNet stem takes (32)
-    (lambda c: c["method"] in ("dino", "swav") and c.get("encoder") == "resnet18-imagenet" and c.get("size") == 32,
+    (lambda c: c["method"] in ("dino", "swav", "lejepa") and c.get("encoder") == "resnet18-imagenet" and c.get("size") == 32,
      "is too small for"),
 ]
 

@@ -74,6 +74,10 @@ SMALL["nnclr"] = ["method.queue_size=24", "method.proj_hidden=64", "method.pred_
 # 2.0e-6, 3.6e-7, 3.6e-7
 SMALL["dino"] = ["method.proj_hidden=64", "method.bottleneck_dim=32", "method.num_prototypes=64",
                  "method.freeze_last_layer_epochs=0", "optim.lr=0.03"]
+# iBOT on a 2-block ViT (16-px images: 4x4 tokens, local crops 2x2), DINO's small head, no stochastic depth (its draws
+# are per process, so W processes draw other ones than one process: the same holds for DINO and MoCo v3 on a ViT)
+SMALL["ibot"] = ["encoder.name=vit_tiny", "encoder.depth=2", "encoder.drop_path=0", "method.proj_hidden=64",
+                 "method.bottleneck_dim=32", "method.num_prototypes=64", "method.freeze_last_layer_epochs=0"]
 SMALL["cpc_v2"] = ["method.patch_size=8", "method.patch_stride=2", "method.negative_pool=2"]
 SMALL["cpc"] = ["method.context_dim=32", "method.steps=3", "method.negative_pool=3"]
 # AMDIM and YADIM on the ResNet-18 maps (the amdim encoder needs 32-px images; the cross-rank code is the same)

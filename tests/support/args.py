@@ -8,6 +8,14 @@ heads, predictors, prototypes and queues of each method cut to sizes that change
 from __future__ import annotations
 
 TINY_ENCODER = {"name": "resnet18", "width": 0.125}  # as a config section, for resolve()
+TINY_VIT = {"name": "vit_tiny", "width": 0.125, "depth": 2, "patch_size": 4, "drop_path": 0.0}  # for the ViT-only methods (iBOT)
+
+
+def tiny_encoder(method: str) -> dict:
+    """The tiny encoder section for ``method``: a ResNet, or a ViT where the method needs patch tokens."""
+    from kontrast.methods import METHODS
+
+    return dict(TINY_VIT if METHODS.get(method).vit_only else TINY_ENCODER)
 TINY_SETTINGS = ["encoder.width=0.125", "data.size=16"]
 TINY = [arg for item in TINY_SETTINGS for arg in ("--set", item)] + ["--no-progress"]
 ONE_CPU_THREAD = ["train.num_threads=1", "train.device=cpu"]  # runs whose numbers a test compares bit for bit
@@ -24,6 +32,9 @@ HEADS: dict[str, list[str]] = {
     "dino": ["method.proj_hidden=64", "method.bottleneck_dim=32", "method.num_prototypes=64"],
     "amdim": ["method.n_rkhs=32"],
     "yadim": ["method.n_rkhs=32"],
+    "mmcr": ["method.proj_hidden=64", "method.proj_dim=16"],
+    "lejepa": ["method.proj_hidden=64", "method.directions=64"],
+    "ibot": ["method.proj_hidden=64", "method.bottleneck_dim=32", "method.num_prototypes=64"],
 }
 
 

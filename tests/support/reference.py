@@ -289,3 +289,64 @@ def naive_supcon(z, labels, tau):
         pos = [p for p in range(n) if p != i and labels[p] == labels[i]]
         total = total - sum(torch.log(torch.exp(z[i] @ z[p] / tau) / den) for p in pos) / len(pos)
     return total / n
+
+
+def naive_mmcr(z, local_weight=0.0):
+    """MMCR's loss, Yerxa et al. 2023 section 3, float64: z [N, k, D] normalised views; c_i = 1/k sum_j z_ij;
+    -||C||_* + lambda / N sum_i ||Z_i||_*, each nuclear norm written as trace(sqrt(M^T M)) = sum sqrt(eig(M^T M))."""
+    def nuclear(m):
+        eig = torch.linalg.eigvalsh(m.T @ m).clamp_min(0)  # [D] squared singular values (and zeros)
+        return eig.sqrt().sum()
+    c = torch.stack([sum(z[i, j] for j in range(z.shape[1])) / z.shape[1] for i in range(z.shape[0])])  # [N, D]
+    local = sum(nuclear(z[i]) for i in range(z.shape[0])) / z.shape[0]
+    return -nuclear(c) + local_weight * local
+
+
+def naive_sigreg(z, directions, t_max=3.0, knots=17):
+    """SIGReg, Balestriero & LeCun 2025, float64: for each unit direction a (a column of ``directions``), the
+    Epps-Pulley statistic N * integral_{-t_max}^{t_max} |1/N sum_n exp(i t a.z_n) - exp(-t^2/2)|^2 exp(-t^2/2) dt by the
+    trapezoidal rule on the symmetric grid of 2 knots - 1 points; the mean over directions."""
+    n = z.shape[0]
+    t = torch.linspace(-t_max, t_max, 2 * knots - 1, dtype=torch.float64)
+    stats = []
+    for m in range(directions.shape[1]):
+        x = z @ directions[:, m]  # [N]
+        ecf = torch.exp(1j * t[None, :] * x[:, None]).mean(0)  # [T] complex
+        gauss = torch.exp(-t**2 / 2)
+        stats.append(n * torch.trapezoid((ecf - gauss).abs() ** 2 * gauss, t))
+    return sum(stats) / len(stats)
+
+
+def naive_lejepa(z, global_views, directions, weight, t_max=3.0, knots=17):
+    """LeJEPA's loss, float64: (1 - lambda) * mean over views, samples and dims of (mu - z)^2 with mu the global
+    views' mean, + lambda * the mean over views of SIGReg."""
+    mu = sum(z[v] for v in range(global_views)) / global_views
+    invariance = sum(((mu - z[v]) ** 2).mean() for v in range(z.shape[0])) / z.shape[0]
+    reg = sum(naive_sigreg(z[v], directions, t_max, knots) for v in range(z.shape[0])) / z.shape[0]
+    return (1 - weight) * invariance + weight * reg
+
+
+def naive_koleo(x):
+    """KoLeo, Sablayrolles et al. 2019 eq. 4 (DINOv2's form), float64: x normalised, -1/n sum_i log(min_{j != i}
+    ||x_i - x_j|| + 1e-8), the minimum found by trying every j."""
+    x = x / x.norm(dim=1, keepdim=True)
+    n = x.shape[0]
+    total = 0.0
+    for i in range(n):
+        d = min((x[i] - x[j]).norm() for j in range(n) if j != i)
+        total = total - torch.log(d + 1e-8)
+    return total / n
+
+
+def naive_ibot_patch(student, targets, mask, tau_s):
+    """iBOT's masked-patch loss (Zhou et al. 2022 eq. 2) in DINOv2's weighting, float64: for every image b of the B
+    in ``mask [B, N]``, the mean over its masked patches of -sum_k target_k log softmax(student / tau_s)_k; the sum over
+    images divided by B. ``student``, ``targets`` [M, K]: the masked patches in mask order."""
+    total, row = 0.0, 0
+    for b in range(mask.shape[0]):
+        count = int(mask[b].sum())
+        for _ in range(count):
+            log_p = student[row] / tau_s - torch.logsumexp(student[row] / tau_s, 0)
+            total = total - (targets[row] * log_p).sum() / count
+            row += 1
+    return total / mask.shape[0]

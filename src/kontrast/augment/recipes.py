@@ -72,6 +72,10 @@ _INFOMIN = ViewSpec(crop_scale=(0.2, 1.0), jitter=(0.8, 0.8, 0.8, 0.2), blur_p=0
 # from resized images is the only data augmentation"; scale 0.9-1 as open_clip's RandomResizedCrop.
 _CLIP = ViewSpec(crop_scale=(0.9, 1.0), crop_ratio=(1.0, 1.0), flip_p=0.0, jitter_p=0.0, gray_p=0.0)
 
+# MMCR, Yerxa et al. 2023, https://arxiv.org/abs/2303.03307: many views of each image, each SimCLR's; the paper
+# finds more views better. 8 here (CPU time; augment.views sets k).
+_MMCR_VIEWS = 8
+
 # ImageNet versions, for images from NATIVE_SIZE px up: each paper's own ImageNet pipeline (blur, solarize, multi-crop
 # sizes and counts as published) with ImageNet's mean and std. The blur kernel is 10% of the side (SimCLR's rule).
 _IMAGENET_NORM = {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)}
@@ -103,6 +107,7 @@ IMAGENET_RECIPES: dict[str, tuple[ViewSpec, ...]] = {
                       *(_DINO_IMAGENET_LOCAL,) * 8),
     "infomin_imagenet": (_imagenet(_INFOMIN),) * 2,
     "clip_imagenet": (_CLIP_IMAGENET,),
+    "mmcr_imagenet": (_SIMCLR_IMAGENET,) * _MMCR_VIEWS,
 }
 
 # A method's CIFAR-scale recipe -> its ImageNet version, taken when data.size >= NATIVE_SIZE and augment.recipe is
@@ -112,7 +117,7 @@ NATIVE: dict[str, str] = {
     "simclr_cifar": "simclr_imagenet", "moco_v1": "moco_v1_imagenet", "instdisc": "instdisc_imagenet",
     "moco_v2": "moco_v2_imagenet", "simsiam_cifar": "simsiam_imagenet", "byol": "byol_imagenet",
     "byol_cifar": "byol_imagenet", "swav_multicrop": "swav_imagenet", "dino_multicrop": "dino_imagenet",
-    "infomin": "infomin_imagenet", "clip": "clip_imagenet",
+    "infomin": "infomin_imagenet", "clip": "clip_imagenet", "mmcr_cifar": "mmcr_imagenet",
 }
 
 RECIPES: dict[str, tuple[ViewSpec, ...]] = {
@@ -132,6 +137,7 @@ RECIPES: dict[str, tuple[ViewSpec, ...]] = {
     "moco_v2": (_MOCO_V2, _MOCO_V2),
     "byol": (_BYOL_1, _BYOL_2),
     "byol_cifar": (_BYOL_CIFAR_1, _BYOL_CIFAR_2),
+    "mmcr_cifar": (_SIMCLR_CIFAR,) * _MMCR_VIEWS,
 }
 
 
@@ -149,12 +155,18 @@ def native_recipe(name: str, size: int) -> str:
     return NATIVE.get(name, name) if size >= NATIVE_SIZE else name
 
 
-def recipe_views(name: str, size: int, view: Mapping[str, Any] | None = None) -> tuple[ViewSpec, ...]:
+def recipe_views(name: str, size: int, view: Mapping[str, Any] | None = None,
+                 count: int | None = None, multiple: int = 1) -> tuple[ViewSpec, ...]:
     """Recipe ``name`` at the training resolution ``size`` (times each view's ``size_factor``:
-    multi-crop), with ``view`` (``augment.view``: ViewSpec fields) set on every view."""
+    multi-crop, rounded to a multiple of ``multiple``: a ViT's patch), with ``view`` (``augment.view``: ViewSpec
+    fields) set on every view and ``count`` (``augment.views``) views: the recipe's first ``count``, or its last
+    view repeated up to ``count``."""
     view = dict(view or {})
     overrides = parse_section(ViewSpec, {**view, "size": size}, "augment.view")
     changed = {k: getattr(overrides, k) for k in view}
-    specs = [replace(spec, **changed) for spec in get_recipe(name)]
-    specs = [replace(s, size=max(1, round(size * s.size_factor))) for s in specs]
+    recipe = get_recipe(name)
+    if count is not None:
+        recipe = recipe[:count] + recipe[-1:] * (count - len(recipe))  # [count] the last view repeated
+    specs = [replace(spec, **changed) for spec in recipe]
+    specs = [replace(s, size=max(multiple, multiple * round(size * s.size_factor / multiple))) for s in specs]
     return tuple(s if s.blur_kernel else replace(s, blur_kernel=blur_kernel_for(s.size)) for s in specs)

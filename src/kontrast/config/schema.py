@@ -77,6 +77,7 @@ class DataConfig:
 class AugmentConfig:
     recipe: str | None = None  # null: the method's own recipe at data.size
     view: Mapping[str, Any] = field(default_factory=dict)  # ViewSpec fields set on every view
+    views: int | None = checked(None, ge=1)  # how many views: the recipe's first ones, its last repeated to reach it (more local crops, MMCR's k); null: the recipe's own
 
 
 @dataclass(frozen=True)

@@ -201,8 +201,12 @@ class VisionTransformer(nn.Module):
             return stored
         return with_class_position(sincos_2d(self.dim, gh, gw)).to(like)
 
-    def forward_tokens(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        """Every token after the final LayerNorm ``[B, 1 + h·w, D]`` (class token first) and the grid (h, w)."""
+    def forward_tokens(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                       mask_token: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[int, int]]:
+        """Every token after the final LayerNorm ``[B, 1 + h·w, D]`` (class token first) and the grid (h, w).
+
+        ``mask [B, h·w]`` (bool, row-major patches) with ``mask_token [D]``: the masked patches' embeddings are
+        replaced by the token before the positions are added (iBOT's masked image modelling, BEiT's order)."""
         h, w = x.shape[-2:]
         if h % self.patch_size or w % self.patch_size:
             raise UserError(f"a {h}x{w} view does not split into {self.patch_size}-px ViT patches; set "
@@ -210,6 +214,8 @@ class VisionTransformer(nn.Module):
         t = self.conv_proj(x)  # [B, D, h/p, w/p]
         gh, gw = t.shape[-2:]
         t = t.flatten(2).transpose(1, 2)  # [B, N, D] row-major patches
+        if mask is not None:
+            t = torch.where(mask[..., None], mask_token.to(t.dtype), t)  # [B, N, D] masked patches -> the token
         t = torch.cat([self.class_token.expand(t.shape[0], -1, -1).to(t.dtype), t], dim=1)  # [B, 1 + N, D]
         t = t + self.positions(gh, gw, t)
         return self.encoder.ln(self.encoder.layers(t)), (gh, gw)  # [B, 1 + N, D]

@@ -19,6 +19,7 @@ never carries a gradient.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from kontrast.losses.swav import swapped_prediction
 from kontrast.precision import at_least_float32
@@ -80,3 +81,16 @@ def update_centre(centre: torch.Tensor, batch_mean: torch.Tensor, momentum: floa
     ``momentum = 1`` leaves the centre where it is (0 from the start: no centring, the paper's ablation).
     """
     centre.mul_(momentum).add_(batch_mean.to(centre.dtype), alpha=1.0 - momentum)
+
+
+def masked_patch_loss(student: torch.Tensor, targets: torch.Tensor, image: torch.Tensor, images: int,
+                      student_temperature: float) -> torch.Tensor:
+    """iBOT's masked-image-modelling loss (Zhou et al. 2022, https://arxiv.org/abs/2111.07832, eq. 2, in DINOv2's
+    weighting): 0-d. ``student [M, K]``: logits of the M masked patch tokens; ``targets [M, K]``: the teacher's
+    distributions at the same patches (its unmasked view; no gradient); ``image [M]``: which of the ``images`` images
+    each patch is in. Each patch's ``H(target, softmax(student / tau_s))`` weighs 1 / (the masked patches of its
+    image), so every masked image counts once, then the sum is divided by ``images`` (all of them, masked or not)."""
+    log_p = F.log_softmax(at_least_float32(student) / student_temperature, dim=1)  # [M, K]
+    ce = -(targets.to(log_p.dtype) * log_p).sum(1)  # [M] cross-entropy per masked patch
+    per_image = torch.bincount(image, minlength=images).to(ce.dtype)  # [images] masked patches of each
+    return (ce / per_image[image]).sum() / images

@@ -7,7 +7,7 @@ from kontrast.methods import amdim, byol, clip, cpc, cpc_v2, infomin, instdisc  
 from kontrast.methods import kernel_infonce, moco_v1, moco_v2, moco_v3  # noqa: F401
 from kontrast.methods import simclr, simclr_v2, simsiam, spectral, swav, yadim  # noqa: F401
 from kontrast.methods import barlow_twins, dcl, dino, nnclr, vicreg  # noqa: F401
-from kontrast.methods import siglip, supcon  # noqa: F401
+from kontrast.methods import ibot, lejepa, mmcr, siglip, supcon  # noqa: F401
 from kontrast.methods.base import Method
 from kontrast.registry import METHODS
 

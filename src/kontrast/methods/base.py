@@ -121,6 +121,7 @@ class Method(nn.Module):
     vit_recipe: ClassVar[str] = ""  # where vit_defaults come from (said at start-up)
     fixed_lr_modules: tuple[str, ...] = ()
     distributed: ClassVar[bool] = False  # True once the method computes the same on W ranks as on one (tests/integration/test_distributed.py)
+    vit_only: ClassVar[bool] = False  # the method works on patch tokens: ViT encoders only (iBOT's masks)
     sync_bn: ClassVar[bool] = True  # train.sync_bn applies (False: the method keeps its own BN groups, MoCo's shuffling BN)
     retired_state: ClassVar[tuple[str, ...]] = ()
 
@@ -137,12 +138,13 @@ class Method(nn.Module):
         """The micro-batches a training step's per-sample part runs in (``accumulate``; 1 outside training)."""
         return self.accumulate if self.training else 1
 
-    def in_micro_batches(self, fn, views: list[torch.Tensor]):
-        """``fn(torch.cat(views))`` for the per-sample part of a step (encoder, heads): in training with
-        ``accumulate`` K > 1, run on K micro-batches with gradient caching (:mod:`kontrast.micro_batches`),
-        micro-batch k holding rows k b .. (k+1) b of every view, as process k of K would."""
+    def in_micro_batches(self, fn, views: list[torch.Tensor], *rows: list[torch.Tensor]):
+        """``fn(torch.cat(views), *(torch.cat(r) for r in rows))`` for the per-sample part of a step (encoder,
+        heads; ``rows``: per-row inputs parallel to ``views``, iBOT's masks): in training with ``accumulate`` K > 1,
+        run on K micro-batches with gradient caching (:mod:`kontrast.micro_batches`), micro-batch k holding rows
+        k b .. (k+1) b of every view, as process k of K would."""
         count = self.micro_batches
-        return in_micro_batches(fn, views, count, batch_norms(self) if count > 1 else ())
+        return in_micro_batches(fn, views, count, batch_norms(self) if count > 1 else (), rows)
 
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:

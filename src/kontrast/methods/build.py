@@ -13,7 +13,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from kontrast.augment import NATIVE_SIZE, native_recipe, recipe_views
+from kontrast.augment import NATIVE_SIZE, get_recipe, native_recipe, recipe_views
 from kontrast.config import Config, build_config, merge
 from kontrast.config.keys import yaml_value
 from kontrast.data.native import native_side
@@ -35,11 +35,25 @@ def resolve(raw: dict | None = None) -> Config:
     cls = METHODS.get((raw.get("method") or {}).get("name", "simclr"))
     cfg = build_config(merge(method_defaults(cls, raw), raw), params=cls.Params)
     check_encoder_name(cfg.encoder.name)  # a mistyped name is the first thing said, before any data is read
+    check_view_count(cfg, cls)
     if hasattr(cfg.method.params, "validate"):  # checks spanning sections, e.g. MoCo's queue vs the batch size
         cfg.method.params.validate(cfg)
     if hasattr(cfg.method.params, "resolved"):  # its auto values, from the config (DINO's teacher momentum)
         cfg = replace(cfg, method=replace(cfg.method, params=cfg.method.params.resolved(cfg)))
     return cfg
+
+
+def check_view_count(cfg: Config, cls: type[Method]) -> None:
+    """``augment.views`` for a method without image views, or fewer than the two a two-view method compares: one line."""
+    count = cfg.augment.views
+    if count is None:
+        return
+    if cls.recipe is None:
+        raise UserError(f"method {cfg.method.name} takes no image augmentation; remove augment.views")
+    own = len(get_recipe(cfg.augment.recipe or cls.recipe))
+    if count < min(2, own):
+        raise UserError(f"method {cfg.method.name} compares at least 2 views of each image; set augment.views to 2 "
+                        "or more (or leave it unset)")
 
 
 AUTO_SIZE = 96  # data.size auto: images of NATIVE_SIZE px and more train at this side (at their own, if smaller)
@@ -218,16 +232,26 @@ def view_specs(cfg: Config, method: Method) -> tuple:
     applied (:func:`kontrast.augment.recipe_views`); ``()`` for a sequence method (raw float batches)."""
     cfg = decided(cfg)
     if method.recipe is None:  # a sequence method (CPC v1): the loop hands it the raw float batch
-        if cfg.augment.recipe or cfg.augment.view:
+        if cfg.augment.recipe or cfg.augment.view or cfg.augment.views:
             raise UserError(f"method {cfg.method.name} takes no image augmentation; remove the augment settings")
         return ()
-    return recipe_views(run_recipe(cfg, method), cfg.data.size, cfg.augment.view)
+    return recipe_views(run_recipe(cfg, method), cfg.data.size, cfg.augment.view, cfg.augment.views,
+                        view_multiple(cfg, cfg.data.size))
+
+
+def view_multiple(cfg: Config, size: int) -> int:
+    """What every view's side is rounded to a multiple of: a ViT's patch (multi-crop's small views: DINO's 96/224 of
+    96 px is 41, taken as 40 with 8-px patches), else 1."""
+    if cfg.encoder.name not in VIT_SIZES:
+        return 1
+    return cfg.encoder.patch_size or default_patch_size(size)
 
 
 def _view_problem(cfg: Config, method: Method, size: int) -> str | None:
     """Why ``method`` cannot train at ``data.size = size`` (its smallest view too small), or None."""
     try:
-        views = recipe_views(run_recipe(replace(cfg, data=replace(cfg.data, size=size)), method), size, cfg.augment.view)
+        views = recipe_views(run_recipe(replace(cfg, data=replace(cfg.data, size=size)), method), size, cfg.augment.view,
+                             cfg.augment.views, view_multiple(cfg, size))
     except UserError as err:  # a view setting that needs a larger side (AMDIM's translation)
         return str(err)
     if cfg.encoder.name in VIT_SIZES and size % (cfg.encoder.patch_size or default_patch_size(size)):

@@ -27,7 +27,7 @@ from kontrast.data.sources import absolute_source
 from kontrast.errors import UserError
 from kontrast.methods.base import Progress, Ranks
 from kontrast.methods.build import (build_encoder_args, check_inputs, check_size, create_method, decide_size, encoder_layers,
-                                    recipe_lines, run_recipe)
+                                    recipe_lines, run_recipe, view_multiple)
 from kontrast.precision import choose_precision
 from kontrast.registry import METHODS
 from kontrast.train import distributed
@@ -107,7 +107,7 @@ def plan_run(cfg: Config, ranks: Ranks = Ranks()) -> RunPlan:
         data_why += "; streamed because another process's memory budget is too small"
     cls = METHODS.get(cfg.method.name)
     recipe = run_recipe(cfg, cls) if cls.recipe is not None else None
-    if recipe is None and (cfg.augment.recipe or cfg.augment.view):
+    if recipe is None and (cfg.augment.recipe or cfg.augment.view or cfg.augment.views):
         raise UserError(f"method {cfg.method.name} takes no image augmentation; remove the augment settings")
     views = _views(cfg, recipe) if recipe else ()
     return RunPlan(cfg=cfg, device=str(device), rank=ranks.rank, world=ranks.world, numerics=numerics, sized=tuple(sized),
@@ -128,7 +128,7 @@ def _views(cfg: Config, recipe: str) -> tuple[ViewSpec, ...]:
     """``recipe``'s views at ``data.size``; where a view cannot be made at that size (AMDIM's translation), the
     one line :func:`~kontrast.methods.build.check_size` gives, naming the smallest size that works."""
     try:
-        return recipe_views(recipe, cfg.data.size, cfg.augment.view)
+        return recipe_views(recipe, cfg.data.size, cfg.augment.view, cfg.augment.views, view_multiple(cfg, cfg.data.size))
     except UserError:
         check_size(cfg, create_method(cfg, pretrained=False))  # the error path only: a method to ask its limits
         raise

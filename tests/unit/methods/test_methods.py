@@ -9,7 +9,7 @@ from kontrast.methods.base import Progress
 from kontrast.methods.build import create_method, resolve, view_specs
 from kontrast.augment import make_views
 from kontrast.data import Samples
-from support.args import TINY_ENCODER
+from support.args import TINY_ENCODER, tiny_encoder
 
 TINY = {"encoder": TINY_ENCODER}
 # Methods on images; sequence methods (recipe None: CPC v1) have their own tests in test_local_methods.py.
@@ -18,7 +18,7 @@ IMAGE_METHODS = [name for name in METHODS.names() if METHODS.get(name).recipe is
 
 @pytest.mark.parametrize("name", IMAGE_METHODS)
 def test_smoke_step(name):
-    cfg = resolve({"method": {"name": name}, **TINY})
+    cfg = resolve({"method": {"name": name}, "encoder": tiny_encoder(name)})
     method = create_method(cfg, num_samples=8)  # a dataset of 8 images (sizes per-sample state)
     assert method.description and method.recipe
     images = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)

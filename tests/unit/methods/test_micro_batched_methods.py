@@ -12,7 +12,7 @@ from kontrast.data.sequences import make_sequences
 from kontrast.methods import METHODS
 from kontrast.methods.base import Progress
 from kontrast.methods.build import create_method, resolve, view_specs
-from support.args import HEADS, TINY_ENCODER
+from support.args import HEADS, tiny_encoder
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -42,7 +42,7 @@ def _without_batch_norm(module: nn.Module) -> nn.Module:
 
 def _method(name: str, accumulate: int):
     cfg = resolve({"method": {"name": name, **_params(name)},
-                   "encoder": {"width": 1 / 16} if name == "cpc" else TINY_ENCODER, "train": {"batch_size": 8}})
+                   "encoder": {"width": 1 / 16} if name == "cpc" else tiny_encoder(name), "train": {"batch_size": 8}})
     torch.manual_seed(0)
     method = _without_batch_norm(create_method(cfg, num_samples=32)).train()
     method.accumulate = accumulate

@@ -50,6 +50,7 @@ def test_smallest_size_trains_and_one_pixel_less_is_refused(method, items, small
     ("amdim", ["encoder.name=vit_tiny", "encoder.width=0.125", "encoder.depth=1"], "feature maps at >= 3 scales"),
     ("cpc_v2", ["encoder.stem=imagenet", "encoder.width=0.25"], "patches of at least 32 px"),
     ("simclr", ["encoder.name=vit_tiny", "encoder.width=0.125", "encoder.depth=1", "data.size=18"], "multiple"),
+    ("ibot", ["encoder.name=resnet18", "encoder.width=0.125"], "ibot masks patch tokens and needs a ViT encoder"),
 ])
 def test_a_combination_that_cannot_train_is_refused_in_one_line(method, items, fragment, tmp_path, capsys):
     args = ["train", "--method", method, "--data", "shapes:40", "--batch-size", "4", "--epochs", "1",
@@ -60,3 +61,15 @@ def test_a_combination_that_cannot_train_is_refused_in_one_line(method, items, f
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], lines
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("size, patch, local", [(64, 4, 28), (96, 8, 40), (224, 16, 96), (32, 4, 16)])
+def test_multi_crop_views_on_a_vit_are_whole_patches(size, patch, local):
+    """DINO's local crops are 96/224 of the side: on a ViT rounded to whole patches (27.4 px -> 28 with 4-px patches,
+    41.1 -> 40 with 8-px ones; 224 px keeps the paper's 96), on a ResNet left as they are."""
+    cfg = resolve({"method": {"name": "dino"}, "data": {"size": size},
+                   "encoder": {"name": "vit_tiny", "width": 0.125, "depth": 1, "patch_size": patch}})
+    sides = [spec.size for spec in view_specs(cfg, create_method(cfg, num_samples=4))]
+    assert sides[:2] == [size, size] and set(sides[2:]) == {local}
+    resnet = resolve({"method": {"name": "dino"}, "data": {"size": 64}, "encoder": {"width": 0.125}})
+    assert view_specs(resnet, create_method(resnet, num_samples=4))[2].size == 27

@@ -1,0 +1,163 @@
+"""iBOT with KoLeo, as DINOv2 trains it: DINO's class-token distillation, masked patch tokens distilled from the
+teacher's unmasked ones, the KoLeo regulariser and Sinkhorn-Knopp centring (Zhou et al. 2022,
+https://arxiv.org/abs/2111.07832; Oquab et al. 2023, https://arxiv.org/abs/2304.07193). ViT encoders only.
+
+Views: DINO's multi-crop (2 global crops + local ones). Half of the global crops get a block mask on the patch grid
+(``encoders/masking.py``, ratios 0.1-0.5): the student sees their masked patches as a learned mask token. One head
+(iBOT's shared head: the DINO head's MLP, bottleneck and K prototypes) maps class tokens and patch tokens to K logits.
+The teacher (EMA of student encoder and head, cosine momentum -> 1) sees the global crops unmasked. Its targets are
+Sinkhorn-Knopp codes of its logits / tau_t (3 iterations, over the global batch; DINOv2's centring, in place of
+DINO's running centre): for the class tokens of the 2 global crops, and for the masked patch tokens. Then
+
+    L = mean_{a, v != a} H(Q_cls[a], P_s(cls[v]))                     DINO's class-token loss, every crop
+      + ibot_weight  * 1/2B sum_images mean_{masked patches} H(Q_patch, P_s(patch))   the masked-patch loss
+      + koleo_weight * sum_{global crop} KoLeo(student class tokens before the head, the global batch)
+
+(``losses/distillation.py``, ``losses/koleo.py``). DINOv2 computes KoLeo on each GPU's batch; here it is over the
+global batch, so W processes compute what one does. Recipe: the authors' iBOT ViT-S settings where kontrast's DINO
+ViT recipe has them (AdamW lr 5e-4 x batch / 256, weight decay 0.04 -> 0.4, gradient clipping 3, stochastic depth
+0.1, tau_t 0.04 -> 0.07 over 30 epochs, the prototypes' gain learned), DINOv2's loss weights (iBOT 1, KoLeo 0.1)
+and masking (half the global crops, ratios 0.1-0.5); K = 4096 prototypes at CIFAR scale (docs/methods.md, "iBOT").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import torch
+import torch.nn as nn
+
+from kontrast.augment import get_recipe
+from kontrast.config import checked
+from kontrast.encoders.masking import batch_masks
+from kontrast.encoders.multicrop import encode_views
+from kontrast.encoders.target import MomentumTarget, cosine_momentum
+from kontrast.encoders.vit import VIT_SIZES
+from kontrast.errors import UserError
+from kontrast.extract import DINOHead
+from kontrast.losses import target_statistics, teacher_temperature
+from kontrast.losses.distillation import masked_patch_loss
+from kontrast.losses.koleo import koleo
+from kontrast.losses.swav import sinkhorn, swapped_prediction
+from kontrast.methods.base import embedding_std, Method, Progress, Ranks
+from kontrast.methods.dino import teacher_momentum
+from kontrast.precision import float32
+from kontrast.registry import METHODS
+
+
+@dataclass(frozen=True)
+class IBOTParams:
+    proj_hidden: int = checked(2048, ge=1)  # hidden width of the shared head's MLP
+    bottleneck_dim: int = checked(256, ge=1)  # width of the L2-normalised bottleneck before the prototypes
+    num_prototypes: int = checked(4096, ge=1)  # K, shared by class and patch tokens (iBOT ViT-S: 8192)
+    student_temp: float = checked(0.1, gt=0)  # tau_s
+    teacher_temp: float = checked(0.07, gt=0)  # tau_t after its warm-up (the Sinkhorn codes' epsilon)
+    warmup_teacher_temp: float = checked(0.04, gt=0)  # tau_t at the start of its linear warm-up
+    warmup_teacher_temp_epochs: float = checked(30.0, ge=0)  # epochs of tau_t's warm-up
+    sinkhorn_iterations: int = checked(3, ge=1)  # Sinkhorn-Knopp iterations of the teacher's codes (DINOv2: 3)
+    base_momentum: float | Literal["auto"] = checked("auto", ge=0, le=1)  # the teacher's EMA momentum at the start (cosine to 1); auto: DINO's advice for the batch
+    freeze_last_layer_epochs: float = checked(1.0, ge=0)  # epochs during which the prototypes get no gradient
+    norm_last_layer: bool = False  # the prototypes' gain fixed at 1 (false: learned, the ViT-S choice)
+    ibot_weight: float = checked(1.0, ge=0)  # the masked-patch loss's weight (0: DINO with KoLeo and Sinkhorn)
+    koleo_weight: float = checked(0.1, ge=0)  # KoLeo's weight (DINOv2: 0.1; 0: off)
+    mask_probability: float = checked(0.5, ge=0, le=1)  # share of the global crops that are masked
+    mask_ratio_min: float = checked(0.1, ge=0, le=1)  # masked share of a masked crop's patches: from ...
+    mask_ratio_max: float = checked(0.5, ge=0, le=1)  # ... to this, spread over the masked crops
+
+    def validate(self, cfg) -> None:
+        if cfg.encoder.name not in VIT_SIZES:
+            raise UserError(f"ibot masks patch tokens and needs a ViT encoder, not {cfg.encoder.name}; use "
+                            f"encoder.name {' or '.join(VIT_SIZES)} (or method dino for a ResNet)")
+        if (cfg.augment.views or len(get_recipe(cfg.augment.recipe or IBOT.recipe))) < 2:
+            raise UserError("ibot needs at least 2 views, the first 2 global crops; use augment.recipe dino_multicrop")
+        if self.mask_ratio_min > self.mask_ratio_max:
+            raise UserError(f"method.mask_ratio_min ({self.mask_ratio_min}) is above method.mask_ratio_max "
+                            f"({self.mask_ratio_max}); swap them")
+
+    def resolved(self, cfg) -> IBOTParams:
+        """``base_momentum: auto`` decided from the global batch (:func:`kontrast.methods.dino.teacher_momentum`)."""
+        return self if self.base_momentum != "auto" else replace(self, base_momentum=teacher_momentum(cfg.train.batch_size))
+
+
+@METHODS.register("ibot")
+class IBOT(Method):
+    description = "iBOT + KoLeo (DINOv2's recipe): class- and masked patch-token self-distillation on a ViT (Zhou et al. 2022)"
+    recipe = "dino_multicrop"
+    Params = IBOTParams
+    vit_only = True
+    distributed = True  # masks drawn for the global batch; Sinkhorn codes and KoLeo over every rank's tokens
+    defaults = {"optim": {"name": "adamw", "lr": 5e-4, "lr_batch": 256, "warmup_epochs": 10.0, "min_lr": 1e-6,
+                          "weight_decay": 0.04, "weight_decay_end": 0.4, "clip_grad": 3.0},
+                "encoder": {"name": "vit_small", "drop_path": 0.1}}
+
+    def __init__(self, encoder, params: IBOTParams, num_samples: int = 0, ranks: Ranks = Ranks()):
+        super().__init__(encoder, params, num_samples, ranks)
+        p = params
+        self.head = DINOHead(encoder.dim, p.proj_hidden, p.bottleneck_dim, p.num_prototypes,
+                             norm_last_layer=p.norm_last_layer)
+        self.mask_token = nn.Parameter(torch.zeros(encoder.dim))  # [D] what a masked patch shows the student
+        self.target = MomentumTarget(nn.Sequential(self.encoder, self.head))  # the teacher
+
+    def _masks(self, b: int, grid: tuple[int, int]) -> torch.Tensor:
+        """``[2, b, h·w]`` this rank's rows of the global batch's masks, drawn alike on every rank from the step's
+        seed (the training room seeds each step from the run's seed and the step)."""
+        p, w = self.params, self.ranks.world
+        generator = torch.Generator().manual_seed(torch.initial_seed())
+        masks = batch_masks(2 * b * w, grid, generator, p.mask_probability, (p.mask_ratio_min, p.mask_ratio_max))
+        return masks.view(2, w * b, -1)[:, self.ranks.own(b)]  # [2, b, N] view-major, rank order
+
+    def _student_tokens(self, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = self.encoder.forward_tokens(x, mask, self.mask_token)[0]  # [n, 1 + N, D]
+        return tokens[:, 0], tokens[:, 1:]  # class tokens [n, D], patch tokens [n, N, D]
+
+    def _teacher_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        return self.target.net[0].forward_tokens(x)[0]  # [n, 1 + N, D]
+
+    def _codes(self, logits: torch.Tensor, tau: float) -> torch.Tensor:
+        """Sinkhorn-Knopp codes of ``logits [n, K]`` over every rank's rows (each rank's n may differ), own rows."""
+        n = logits.shape[0]
+        counts = self.ranks.gather(torch.tensor([n], device=logits.device))  # [W] rows of each rank
+        if int(counts.sum()) == 0:  # no masked patch anywhere (a 1x1 grid, mask_probability 0)
+            return logits
+        padded = logits.new_zeros(int(counts.max()), logits.shape[1])
+        padded[:n] = logits
+        every = self.ranks.gather(padded).view(len(counts), -1, logits.shape[1])  # [W, max n, K]
+        rows = torch.cat([every[r, :int(c)] for r, c in enumerate(counts)])  # [sum n, K]
+        start = int(counts[:self.ranks.rank].sum())
+        return sinkhorn(rows, tau, self.params.sinkhorn_iterations)[start:start + n]  # [n, K]
+
+    def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
+                      progress: Progress | None = None) -> dict[str, torch.Tensor]:
+        p, b, v = self.params, views[0].shape[0], len(views)
+        epochs = progress.epochs_done if progress is not None else 0.0
+        frozen = progress is not None and epochs < p.freeze_last_layer_epochs
+        grid = (views[0].shape[-2] // self.encoder.patch_size, views[0].shape[-1] // self.encoder.patch_size)
+        masks = self._masks(b, grid)  # [2, b, N] the global crops' masks
+        # the student, per sample in micro-batches (base.py): masked global crops, then the local crops
+        cls, patches = self.in_micro_batches(self._student_tokens, views[:2], list(masks))  # [2b, D], [2b, N, D]
+        local = encode_views(self.encoder, views[2:], self.in_micro_batches) if v > 2 else cls[:0]  # [(V-2) b, D]
+        z = self.in_micro_batches(self.head.embed, list(torch.cat([cls, local]).split(b)))  # [V b, bottleneck]
+        s = self.head.prototypes(z, frozen=frozen).view(v, b, -1)  # [V, b, K] class-token logits
+        masked = masks.flatten(0, 1)  # [2b, N]
+        s_patch = self.head.prototypes(self.head.embed(patches[masked]), frozen=frozen)  # [M, K] masked patches
+        with torch.no_grad():  # the teacher: unmasked global crops
+            t = self.in_micro_batches(self._teacher_tokens, views[:2])  # [2b, 1 + N, D]
+            t_cls, t_patch = self.target.net[1](t[:, 0]), self.target.net[1](t[:, 1:][masked])  # [2b, K], [M, K]
+        tau_t = teacher_temperature(epochs, p.warmup_teacher_temp, p.teacher_temp, p.warmup_teacher_temp_epochs)
+        with float32(s):
+            q_cls = self._codes(t_cls.float(), tau_t).view(2, b, -1)  # [2, b, K] Sinkhorn codes, class tokens
+            q_patch = self._codes(t_patch.float(), tau_t)  # [M, K] Sinkhorn codes, masked patches
+            dino = swapped_prediction(s, q_cls, p.student_temp)  # H(Q(x), P_s(x')), x' != x
+            image = masked.nonzero()[:, 0]  # [M] which global crop each masked patch is in
+            ibot = masked_patch_loss(s_patch, q_patch, image, 2 * b, p.student_temp) if len(image) else s.sum() * 0
+            spread = sum(koleo(self.ranks.gather(c)) for c in cls.float().split(b))  # each global crop's tokens
+            loss = dino + p.ibot_weight * ibot + p.koleo_weight * spread
+        return {"loss": loss, "dino": dino.detach(), "ibot": ibot.detach(), "koleo": spread.detach(),
+                "embedding_std": embedding_std(z[:b]), "teacher_temp": torch.tensor(tau_t),
+                "masked_share": masked.float().mean(), "last_layer_frozen": torch.tensor(float(frozen)),
+                **target_statistics(q_cls)}
+
+    def after_step(self, out: dict[str, torch.Tensor], progress: Progress) -> None:
+        momentum = cosine_momentum(self.params.base_momentum, progress.fraction)  # resolve() decided auto
+        self.target.update(nn.Sequential(self.encoder, self.head), momentum)
