@@ -75,7 +75,7 @@ OPTIM_OFF = {"weight_decay_end": None, "clip_grad": 0.0}  # optimizer options th
 HANDLED = {"train": {"epochs", "batch_size", "accumulate", "seed", "precision", "channels_last", "device", "compile"},
            "data": {"size", "limit"}, "eval": {"knn_k", "knn_temperature"},
            "encoder": {"name", "stem", "width", "zero_init_residual", "torch_init", "weights", *OFF_BY_DEFAULT},
-           "augment": {"recipe", "view"}}
+           "augment": {"recipe", "view", "views"}}
 
 
 def _flag(name: str, value) -> list[str]:
@@ -180,6 +180,8 @@ def peer_settings(cfg, args) -> tuple[list[str], list[str], list[str]]:
     if enc.weights:  # both sides would have to start from the same weights: the peer script cannot load them
         unknown.append(f"encoder.weights={enc.weights} (the peer starts from a random initialisation)")
     unknown += [f"encoder.{k}={getattr(enc, k)}" for k in OFF_BY_DEFAULT if getattr(enc, k) not in (None, False)]
+    if cfg.augment.views is not None:  # the peer's methods take their own two views
+        unknown.append(f"augment.views={cfg.augment.views} (the peer's method takes its own views)")
     if tc.accumulate != 1:  # BN statistics per micro-batch: the peer normalises over the whole batch
         unknown.append(f"train.accumulate={tc.accumulate} (the peer trains the plain batch)")
     for section, known in HANDLED.items():

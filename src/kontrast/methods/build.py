@@ -36,6 +36,9 @@ def resolve(raw: dict | None = None) -> Config:
     cfg = build_config(merge(method_defaults(cls, raw), raw), params=cls.Params)
     check_encoder_name(cfg.encoder.name)  # a mistyped name is the first thing said, before any data is read
     check_view_count(cfg, cls)
+    if cls.vit_only and cfg.encoder.name not in VIT_SIZES:
+        raise UserError(f"{cfg.method.name} works on patch tokens and needs a ViT encoder, not {cfg.encoder.name}; "
+                        f"use encoder.name {' or '.join(VIT_SIZES)}")
     if hasattr(cfg.method.params, "validate"):  # checks spanning sections, e.g. MoCo's queue vs the batch size
         cfg.method.params.validate(cfg)
     if hasattr(cfg.method.params, "resolved"):  # its auto values, from the config (DINO's teacher momentum)

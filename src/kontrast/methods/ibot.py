@@ -33,7 +33,6 @@ from kontrast.config import checked
 from kontrast.encoders.masking import batch_masks
 from kontrast.encoders.multicrop import encode_views
 from kontrast.encoders.target import MomentumTarget, cosine_momentum
-from kontrast.encoders.vit import VIT_SIZES
 from kontrast.errors import UserError
 from kontrast.extract import DINOHead
 from kontrast.losses import target_statistics, teacher_temperature
@@ -66,9 +65,6 @@ class IBOTParams:
     mask_ratio_max: float = checked(0.5, ge=0, le=1)  # ... to this, spread over the masked crops
 
     def validate(self, cfg) -> None:
-        if cfg.encoder.name not in VIT_SIZES:
-            raise UserError(f"ibot masks patch tokens and needs a ViT encoder, not {cfg.encoder.name}; use "
-                            f"encoder.name {' or '.join(VIT_SIZES)} (or method dino for a ResNet)")
         if (cfg.augment.views or len(get_recipe(cfg.augment.recipe or IBOT.recipe))) < 2:
             raise UserError("ibot needs at least 2 views, the first 2 global crops; use augment.recipe dino_multicrop")
         if self.mask_ratio_min > self.mask_ratio_max:
@@ -85,7 +81,7 @@ class IBOT(Method):
     description = "iBOT + KoLeo (DINOv2's recipe): class- and masked patch-token self-distillation on a ViT (Zhou et al. 2022)"
     recipe = "dino_multicrop"
     Params = IBOTParams
-    vit_only = True
+    vit_only = True  # masked patch tokens (a ResNet is refused before the run: methods/build.py)
     distributed = True  # masks drawn for the global batch; Sinkhorn codes and KoLeo over every rank's tokens
     defaults = {"optim": {"name": "adamw", "lr": 5e-4, "lr_batch": 256, "warmup_epochs": 10.0, "min_lr": 1e-6,
                           "weight_decay": 0.04, "weight_decay_end": 0.4, "clip_grad": 3.0},

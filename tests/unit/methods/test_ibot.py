@@ -48,6 +48,6 @@ def test_the_step_is_dino_plus_the_masked_patch_loss_plus_koleo():
 
 
 def test_ibot_needs_a_vit():
-    with pytest.raises(UserError, match="ibot masks patch tokens and needs a ViT encoder, not resnet18"):
+    with pytest.raises(UserError, match="ibot works on patch tokens and needs a ViT encoder, not resnet18"):
         resolve({"method": {"name": "ibot"}, "encoder": {"name": "resnet18"}})
     assert resolve({"method": {"name": "ibot"}}).encoder.name == "vit_small"  # its default encoder

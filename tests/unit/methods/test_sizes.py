@@ -50,7 +50,7 @@ def test_smallest_size_trains_and_one_pixel_less_is_refused(method, items, small
     ("amdim", ["encoder.name=vit_tiny", "encoder.width=0.125", "encoder.depth=1"], "feature maps at >= 3 scales"),
     ("cpc_v2", ["encoder.stem=imagenet", "encoder.width=0.25"], "patches of at least 32 px"),
     ("simclr", ["encoder.name=vit_tiny", "encoder.width=0.125", "encoder.depth=1", "data.size=18"], "multiple"),
-    ("ibot", ["encoder.name=resnet18", "encoder.width=0.125"], "ibot masks patch tokens and needs a ViT encoder"),
+    ("ibot", ["encoder.name=resnet18", "encoder.width=0.125"], "ibot works on patch tokens and needs a ViT encoder"),
 ])
 def test_a_combination_that_cannot_train_is_refused_in_one_line(method, items, fragment, tmp_path, capsys):
     args = ["train", "--method", method, "--data", "shapes:40", "--batch-size", "4", "--epochs", "1",
