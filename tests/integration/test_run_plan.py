@@ -157,3 +157,14 @@ def test_readers_take_the_views_from_the_plan_and_recompute_them_for_a_run_witho
     del body["plan"]
     (run / "config.yaml").write_text(yaml.safe_dump(body, sort_keys=False))
     assert run_views(ckpt, cfg, method) == view_specs(cfg, method)
+
+
+def test_the_plan_says_when_a_vits_small_crops_were_rounded_to_whole_patches():
+    cfg = resolve({"method": {"name": "dino"}, "data": {"source": "shapes:16", "size": 96},
+                   "encoder": {"name": "vit_tiny", "width": 0.125, "depth": 1}})
+    plan = plan_run(cfg)
+    assert sorted({v.size for v in plan.views}) == [40, 96]  # 96 x 96/224 = 41.1 px -> 5 patches of 8 px
+    assert "views: the small crops in whole 8-px ViT patches (41.1 -> 40 px)" in plan.lines()
+    at_32 = plan_run(resolve({"method": {"name": "dino"}, "data": {"source": "shapes:16", "size": 32},
+                              "encoder": {"name": "vit_tiny", "width": 0.125, "depth": 1}}))
+    assert not any("whole" in line for line in at_32.lines())  # 16-px crops are 4 patches already

@@ -57,12 +57,16 @@ class DINOParams:
         return replace(self, base_momentum=teacher_momentum(cfg.train.batch_size))
 
     def lines(self, cfg) -> list[str]:
-        """The start-up line saying which teacher momentum the run takes and by what rule."""
-        rule, b = teacher_momentum(cfg.train.batch_size), cfg.train.batch_size
-        if self.base_momentum == rule:
-            return [f"teacher momentum: {rule:g} for batch {b} (the authors' advice: 0.9995 at batch 256, 0.996 at "
-                    "1024); set method.base_momentum to choose"]
-        return [f"teacher momentum: {self.base_momentum:g} as set (the authors' advice gives {rule:g} for batch {b})"]
+        return momentum_lines(self.base_momentum, cfg.train.batch_size)
+
+
+def momentum_lines(momentum: float, batch_size: int) -> list[str]:
+    """The start-up line saying which teacher momentum the run takes and by what rule."""
+    rule = teacher_momentum(batch_size)
+    if momentum == rule:
+        return [f"teacher momentum: {rule:g} for batch {batch_size} (the authors' advice: 0.9995 at batch 256, 0.996 "
+                "at 1024); set method.base_momentum to choose"]
+    return [f"teacher momentum: {momentum:g} as set (the authors' advice gives {rule:g} for batch {batch_size})"]
 
 
 def teacher_momentum(batch_size: int) -> float:

@@ -40,7 +40,7 @@ from kontrast.losses.distillation import masked_patch_loss
 from kontrast.losses.koleo import koleo
 from kontrast.losses.swav import sinkhorn, swapped_prediction
 from kontrast.methods.base import embedding_std, Method, Progress, Ranks
-from kontrast.methods.dino import teacher_momentum
+from kontrast.methods.dino import momentum_lines, teacher_momentum
 from kontrast.precision import float32
 from kontrast.registry import METHODS
 
@@ -70,6 +70,9 @@ class IBOTParams:
         if self.mask_ratio_min > self.mask_ratio_max:
             raise UserError(f"method.mask_ratio_min ({self.mask_ratio_min}) is above method.mask_ratio_max "
                             f"({self.mask_ratio_max}); swap them")
+
+    def lines(self, cfg) -> list[str]:
+        return momentum_lines(self.base_momentum, cfg.train.batch_size)
 
     def resolved(self, cfg) -> IBOTParams:
         """``base_momentum: auto`` decided from the global batch (:func:`kontrast.methods.dino.teacher_momentum`)."""

@@ -75,6 +75,12 @@ class RunPlan:
             synced = " over every process" if self.world > 1 and tc.sync_bn else ""
             lines.append(f"gradient caching: {whose} of {share} in {tc.accumulate} micro-batches of "
                          f"{share // tc.accumulate}, BatchNorm statistics per micro-batch{synced}")
+        rounded = [(round(self.cfg.data.size * v.size_factor, 1), v.size) for v in self.views
+                   if v.size != max(1, round(self.cfg.data.size * v.size_factor))]
+        if rounded:  # a ViT's multi-crop views in whole patches (methods/build.py, view_multiple)
+            said = ", ".join(sorted({f"{a:g} -> {b} px" for a, b in rounded}))
+            lines.append(f"views: the small crops in whole {view_multiple(self.cfg, self.cfg.data.size)}-px ViT "
+                         f"patches ({said})")
         native = self.cfg.augment.recipe or METHODS.get(self.cfg.method.name).recipe
         if self.recipe is not None and self.recipe != native:
             lines.append(f"views: {self.recipe!r}, the ImageNet version of {native!r} at data.size "
