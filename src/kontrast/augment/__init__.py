@@ -17,7 +17,8 @@ from kontrast.augment.color import (
 from kontrast.augment.ops import hflip, resized_crop, sample_resized_crop
 from kontrast.augment.rng import SampleRNG, derive_key, key_tensor
 from kontrast.augment.sampling import sample_mask, sample_uniform
-from kontrast.augment.recipes import IMAGENET_RECIPES, NATIVE_SIZE, RECIPES, get_recipe, native_recipe, recipe_views
+from kontrast.augment.recipes import (IMAGENET_RECIPES, NATIVE_SIZE, RECIPES, get_recipe, native_recipe, recipe_views,
+                                      view_count)
 from kontrast.augment.spec import ViewSpec, blur_kernel_for
 from kontrast.augment.views import eval_view, make_view, make_views, to_float, view_maker
 
@@ -46,6 +47,7 @@ __all__ = [
     "make_views",
     "native_recipe",
     "recipe_views",
+    "view_count",
     "view_maker",
     "normalize",
     "resized_crop",

@@ -149,6 +149,11 @@ def get_recipe(name: str) -> tuple[ViewSpec, ...]:
         raise UserError(f"unknown augmentation recipe {name!r}; known: {', '.join(sorted(RECIPES))}") from None
 
 
+def view_count(name: str, views: int | None = None) -> int:
+    """How many views a run draws: ``views`` (``augment.views``) when set, else recipe ``name``'s own count."""
+    return views if views is not None else len(get_recipe(name))
+
+
 def native_recipe(name: str, size: int) -> str:
     """The recipe a method uses at training resolution ``size``: its ImageNet version (``NATIVE``) from
     ``NATIVE_SIZE`` px up, else ``name`` itself (CIFAR-scale recipes drop the blur, as SimCLR's appendix B.9)."""

@@ -88,6 +88,18 @@ class Ranks:
         ``x``); the gradient flows back to the rank that sent it."""
         return x
 
+    def gather_uneven(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Every rank's ``x [n_r, ...]`` in rank order, where the ranks' n differ (iBOT's masked patches), and where
+        this rank's rows start: each pads to the largest n for :meth:`gather`, then the padding is cut (one process:
+        ``(x, 0)``)."""
+        if self.world == 1:
+            return x, 0
+        counts = self.gather(torch.tensor([x.shape[0]], device=x.device)).tolist()  # [W] rows of each rank
+        padded = x.new_zeros(max(counts), *x.shape[1:])
+        padded[:x.shape[0]] = x
+        every = self.gather(padded).view(len(counts), max(counts), *x.shape[1:])  # [W, max n, ...]
+        return torch.cat([every[r, :c] for r, c in enumerate(counts)]), sum(counts[:self.rank])
+
     def own(self, n: int) -> slice:
         """This rank's ``n`` rows among every rank's ``W n`` (in :meth:`gather`'s rank order)."""
         return slice(self.rank * n, (self.rank + 1) * n)
@@ -183,6 +195,12 @@ class Method(nn.Module):
         Returns an optional one-line note for the log. Most methods need nothing.
         """
         return None
+
+
+def step_generator() -> torch.Generator:
+    """A CPU generator seeded from the step's seed (the training room seeds each step from the run's seed and the
+    step): draws alike on every rank, new each step, repeated by a resumed run (LeJEPA's directions, iBOT's masks)."""
+    return torch.Generator().manual_seed(torch.initial_seed())
 
 
 def embedding_std(z: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ from typing import Literal
 
 import torch
 
-from kontrast.augment import get_recipe
+from kontrast.augment import view_count
 from kontrast.config import checked
 from kontrast.encoders.multicrop import encode_views
 from kontrast.encoders.target import MomentumTarget, cosine_momentum
@@ -47,7 +47,7 @@ class DINOParams:
     norm_last_layer: bool = True  # the prototypes' gain fixed at 1 (false: learned; the authors' choice for ViT-S)
 
     def validate(self, cfg) -> None:
-        if (cfg.augment.views or len(get_recipe(cfg.augment.recipe or DINO.recipe))) < 2:  # the first 2 views are the teacher's
+        if view_count(cfg.augment.recipe or DINO.recipe, cfg.augment.views) < 2:  # the first 2 views are the teacher's
             raise UserError("dino needs at least 2 views; use augment.recipe dino_multicrop or byol_cifar")
 
     def resolved(self, cfg) -> DINOParams:

@@ -28,7 +28,7 @@ from typing import Literal
 import torch
 import torch.nn as nn
 
-from kontrast.augment import get_recipe
+from kontrast.augment import view_count
 from kontrast.config import checked
 from kontrast.encoders.masking import batch_masks
 from kontrast.encoders.multicrop import encode_views
@@ -39,7 +39,7 @@ from kontrast.losses import target_statistics, teacher_temperature
 from kontrast.losses.distillation import masked_patch_loss
 from kontrast.losses.koleo import koleo
 from kontrast.losses.swav import sinkhorn, swapped_prediction
-from kontrast.methods.base import embedding_std, Method, Progress, Ranks
+from kontrast.methods.base import embedding_std, Method, Progress, Ranks, step_generator
 from kontrast.methods.dino import momentum_lines, teacher_momentum
 from kontrast.precision import float32
 from kontrast.registry import METHODS
@@ -65,7 +65,7 @@ class IBOTParams:
     mask_ratio_max: float = checked(0.5, ge=0, le=1)  # ... to this, spread over the masked crops
 
     def validate(self, cfg) -> None:
-        if (cfg.augment.views or len(get_recipe(cfg.augment.recipe or IBOT.recipe))) < 2:
+        if view_count(cfg.augment.recipe or IBOT.recipe, cfg.augment.views) < 2:
             raise UserError("ibot needs at least 2 views, the first 2 global crops; use augment.recipe dino_multicrop")
         if self.mask_ratio_min > self.mask_ratio_max:
             raise UserError(f"method.mask_ratio_min ({self.mask_ratio_min}) is above method.mask_ratio_max "
@@ -102,8 +102,7 @@ class IBOT(Method):
         """``[2, b, h·w]`` this rank's rows of the global batch's masks, drawn alike on every rank from the step's
         seed (the training room seeds each step from the run's seed and the step)."""
         p, w = self.params, self.ranks.world
-        generator = torch.Generator().manual_seed(torch.initial_seed())
-        masks = batch_masks(2 * b * w, grid, generator, p.mask_probability, (p.mask_ratio_min, p.mask_ratio_max))
+        masks = batch_masks(2 * b * w, grid, step_generator(), p.mask_probability, (p.mask_ratio_min, p.mask_ratio_max))
         return masks.view(2, w * b, -1)[:, self.ranks.own(b)]  # [2, b, N] view-major, rank order
 
     def _student_tokens(self, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,16 +114,10 @@ class IBOT(Method):
 
     def _codes(self, logits: torch.Tensor, tau: float) -> torch.Tensor:
         """Sinkhorn-Knopp codes of ``logits [n, K]`` over every rank's rows (each rank's n may differ), own rows."""
-        n = logits.shape[0]
-        counts = self.ranks.gather(torch.tensor([n], device=logits.device))  # [W] rows of each rank
-        if int(counts.sum()) == 0:  # no masked patch anywhere (a 1x1 grid, mask_probability 0)
+        rows, start = self.ranks.gather_uneven(logits)  # [sum n, K]
+        if rows.shape[0] == 0:  # no masked patch anywhere (a 1x1 grid, mask_probability 0)
             return logits
-        padded = logits.new_zeros(int(counts.max()), logits.shape[1])
-        padded[:n] = logits
-        every = self.ranks.gather(padded).view(len(counts), -1, logits.shape[1])  # [W, max n, K]
-        rows = torch.cat([every[r, :int(c)] for r, c in enumerate(counts)])  # [sum n, K]
-        start = int(counts[:self.ranks.rank].sum())
-        return sinkhorn(rows, tau, self.params.sinkhorn_iterations)[start:start + n]  # [n, K]
+        return sinkhorn(rows, tau, self.params.sinkhorn_iterations)[start:start + logits.shape[0]]  # [n, K]
 
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:

@@ -18,13 +18,13 @@ from dataclasses import dataclass
 
 import torch
 
-from kontrast.augment import get_recipe
+from kontrast.augment import view_count
 from kontrast.config import checked
 from kontrast.encoders.multicrop import encode_views
 from kontrast.errors import UserError
 from kontrast.extract import mlp
 from kontrast.losses.gaussian import lejepa_loss, unit_directions
-from kontrast.methods.base import embedding_std, Method, Progress, Ranks
+from kontrast.methods.base import embedding_std, Method, Progress, Ranks, step_generator
 from kontrast.precision import float32
 from kontrast.registry import METHODS
 
@@ -40,7 +40,7 @@ class LeJEPAParams:
     global_views: int = checked(2, ge=1)  # the first views of the recipe are the global crops (mu's source)
 
     def validate(self, cfg) -> None:
-        count = cfg.augment.views or len(get_recipe(cfg.augment.recipe or LeJEPA.recipe))
+        count = view_count(cfg.augment.recipe or LeJEPA.recipe, cfg.augment.views)
         if count < 2 or self.global_views > count:
             raise UserError(f"lejepa needs at least 2 views and method.global_views={self.global_views} of them; the "
                             f"recipe gives {count} (use augment.recipe dino_multicrop, or set augment.views)")
@@ -62,8 +62,7 @@ class LeJEPA(Method):
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
         p, b = self.params, views[0].shape[0]
-        step_seed = torch.Generator().manual_seed(torch.initial_seed())  # the step's seed: alike on every rank
-        directions = unit_directions(p.proj_dim, p.directions, step_seed)  # [D, M] a_m, new every step
+        directions = unit_directions(p.proj_dim, p.directions, step_generator())  # [D, M] a_m, alike on every rank
         # per sample, in micro-batches (base.py): the encoder per crop size, the projector on every crop
         h = encode_views(self.encoder, views, self.in_micro_batches)  # [V*B, dim]
         z = self.in_micro_batches(self.projector, list(h.split(b))).view(len(views), b, -1)  # [V, B, D]

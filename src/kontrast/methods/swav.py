@@ -51,9 +51,9 @@ class SwAVParams:
 
     def validate(self, cfg) -> None:
         """The recipe must give at least 2 views, the first ``global_views`` of them global crops."""
-        from kontrast.augment import get_recipe
+        from kontrast.augment import view_count
 
-        n_views = cfg.augment.views or len(get_recipe(cfg.augment.recipe or SwAV.recipe))
+        n_views = view_count(cfg.augment.recipe or SwAV.recipe, cfg.augment.views)
         if n_views < 2 or self.global_views > n_views:
             raise UserError(f"swav needs at least 2 views and method.global_views={self.global_views} of them; the "
                             f"recipe gives {n_views} (use augment.recipe swav_multicrop or swav_global)")
