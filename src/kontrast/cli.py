@@ -128,6 +128,9 @@ def _launch(nproc: int, argv: list[str], cfg) -> int:
         if first.exitcode in (2, 130, 143):  # an input error, or a signal the run handled: the process said why
             return first.exitcode
         how = first.signal_name() if first.exitcode < 0 else f"exit code {first.exitcode}"
+        if first.exitcode > 0 and first.error_file_data.get("message"):  # a crash: its exception, as torchrun recorded it
+            message = first.message.get("message", "") if isinstance(first.message, dict) else first.message
+            how += ": " + (str(message).strip().splitlines() or ["?"])[0][:300]
         print(f"error: the process of rank {rank} ended the run ({how}); torchrun stopped the others", file=sys.stderr)
         return 1
     finally:

@@ -164,10 +164,15 @@ def train_args(cell: dict, data: Path, run: Path) -> list[str]:
     return args
 
 
+# a rank stuck (not dead) ends the cell after 5 minutes rather than gloo's default 30
+HANG_LIMIT = "train.collective_timeout=300"
+
+
 def _cli(args: list[str], world: int, faults: str = "") -> tuple[int, str]:
     """The CLI in this process, as a user's command runs (``--nproc 2`` forks its two workers from it): the exit
     code and everything written to stderr, by this process or the workers."""
-    run = cli_run([*args, *(["--nproc", "2"] if world == 2 and args[0] == "train" else [])], faults)
+    several = ["--nproc", "2", "--set", HANG_LIMIT] if world == 2 and args[0] == "train" else []
+    run = cli_run([*args, *several], faults)
     return run.returncode, run.stderr
 
 

@@ -95,6 +95,9 @@ LAYOUT = "train.channels_last=false"
 # amplifies past these tolerances (SimCLR on 2 ranks against 1: losses 0.27 apart after 16 steps of the fault runs)
 PRECISION = "train.precision=fp32"
 DATA = {"cpc": "sequences:48", "moco_v1": "shapes:96", "moco_v2": "shapes:96"}
+# a rank stuck rather than dead (never seen here; once in CI, in a 4-process run) ends the run after 5 minutes, not
+# after gloo's default 30, with each waiting rank's line in stderr
+HANG_LIMIT = "train.collective_timeout=300"
 
 
 def _env() -> dict:
@@ -107,7 +110,7 @@ def _args(out: Path, name: str, *extra: str, batch: int = 12) -> list[str]:
     args = ["--method", name, "--data", DATA.get(name, "shapes:48"), "--epochs", "1", "--batch-size", str(batch),
             "--out", str(out), "--no-progress"]
     for item in ["data.size=16", "data.limit=36", "encoder.width=0.0625", "train.log_every=1", "train.num_threads=1",
-                 LAYOUT, PRECISION, *SMALL.get(name, []), *extra]:
+                 LAYOUT, PRECISION, HANG_LIMIT, *SMALL.get(name, []), *extra]:
         args += ["--set", item]
     return args
 
@@ -115,6 +118,13 @@ def _args(out: Path, name: str, *extra: str, batch: int = 12) -> list[str]:
 def _train(out: Path, name: str, nproc: int, *extra: str, batch: int = 12) -> subprocess.CompletedProcess:
     """``kontrast train ... --nproc N`` as a user runs it, in this process (the launcher forks the N workers from it)."""
     return cli_run(["train", *_args(out, name, *extra, batch=batch), "--nproc", str(nproc)])
+
+
+def _why(stderr: str) -> str:
+    """A failed run's stderr for an assertion: the workers' errors and tracebacks first, then the tail."""
+    keep = [line for line in stderr.splitlines() if line.startswith(("error:", "stopped:", "Traceback", "  File"))
+            or "Error" in line.split(":")[0]]
+    return "\n".join(keep)[-3000:] + "\n--- tail ---\n" + stderr[-1000:]
 
 
 def _losses(run: Path) -> list[float]:
@@ -152,8 +162,8 @@ def test_two_processes_equal_one_on_the_global_batch(name, tmp_path):
     """3 steps on 2 ranks with global batch 12 = 3 steps on one process with batch 12 (fp32, <= 1e-5)."""
     one = _train(tmp_path / "one", name, 1, batch=BATCH.get(name, 12))
     two = _train(tmp_path / "two", name, 2, batch=BATCH.get(name, 12))
-    assert one.returncode == 0, one.stderr[-2000:]
-    assert two.returncode == 0, two.stderr[-2000:]
+    assert one.returncode == 0, _why(one.stderr)
+    assert two.returncode == 0, _why(two.stderr)
     assert len(_losses(tmp_path / "two")) == 3
     # losses ~4: 1e-5 absolute or 5e-6 relative, whichever is larger (InfoMin's step 3: 1.05e-5, 2.5e-6 relative)
     assert _losses(tmp_path / "one") == pytest.approx(_losses(tmp_path / "two"), abs=1e-5, rel=5e-6)
@@ -193,7 +203,7 @@ def test_micro_batches_equal_processes_without_synchronised_bn(name, tmp_path):
             "two_acc": _micro(tmp_path / "two_acc", name, 2, "train.accumulate=2", batch=24),
             "four": _micro(tmp_path / "four", name, 4, batch=24)}
     for key, run in runs.items():
-        assert run.returncode == 0, (key, run.stderr[-2000:])
+        assert run.returncode == 0, (key, _why(run.stderr))
     assert "gradient caching: the batch of %d in 2 micro-batches of %d" % (batch, batch // 2) in runs["acc"].stdout
     for a, b in (("acc", "two"), ("two_acc", "four")):
         assert len(_losses(tmp_path / a)) == 3
@@ -302,7 +312,7 @@ def _faulty(out: Path, faults: str, *extra: str, flags: tuple[str, ...] = ()) ->
     args = ["--method", "simclr", "--data", "shapes:96", "--epochs", "2", "--batch-size", "12", "--out", str(out),
             "--no-progress", "--nproc", "2", *flags]
     for item in ["data.size=16", "encoder.width=0.0625", "train.log_every=1", "train.num_threads=1",
-                 "train.checkpoint_every=1", PRECISION, *extra]:
+                 "train.checkpoint_every=1", PRECISION, HANG_LIMIT, *extra]:
         args += ["--set", item]
     return subprocess.run([sys.executable, "-m", "kontrast.cli", "train", *args], capture_output=True, text=True,
                           env=env, timeout=300)
@@ -328,7 +338,7 @@ def test_a_killed_rank_ends_the_run_and_resume_continues_bit_for_bit(tmp_path):
     assert 1 <= len(lines) <= 2, run.stderr[-2000:]
     assert lines[-1] == "error: the process of rank 1 ended the run (SIGKILL); torchrun stopped the others"
     if len(lines) == 2:
-        assert lines[0].startswith("stopped: rank 0: another process of the run stopped during step 4 (")
+        assert lines[0].startswith("stopped: rank 0: another process of the run stopped or stalled during step 4 (")
         assert lines[0].endswith(f"last good checkpoint: {tmp_path / 'run'}/checkpoints/step-00000002; continue "
                                  f"with: kontrast train --out {tmp_path / 'run'} --resume --nproc 2")
     assert latest_checkpoint(tmp_path / "run").name == "step-00000002"
@@ -337,6 +347,41 @@ def test_a_killed_rank_ends_the_run_and_resume_continues_bit_for_bit(tmp_path):
     assert resumed.returncode == 0 and whole.returncode == 0, resumed.stderr[-2000:]
     assert _max_weight_difference(tmp_path / "run", tmp_path / "whole") == 0.0
     assert _losses(tmp_path / "run") == _losses(tmp_path / "whole")
+
+
+def test_a_stalled_rank_ends_the_run_after_the_collective_timeout(tmp_path):
+    """Rank 1 stops making progress after step 3 without exiting: rank 0 waits ``train.collective_timeout`` (5 s
+    here) at its next collective, then stops with one line naming the last good checkpoint; no hang."""
+    import time
+
+    t0 = time.monotonic()
+    run = _faulty(tmp_path / "run", "stall_after_step=3,rank=1", "train.collective_timeout=5")
+    assert time.monotonic() - t0 < 90
+    assert run.returncode == 1, run.stderr[-2000:]
+    lines = _ours(run.stderr)
+    assert lines[0].startswith("stopped: rank 0: another process of the run stopped or stalled during step 4 ("), lines
+    assert "last good checkpoint: " in lines[0] and lines[0].endswith("--resume --nproc 2"), lines
+    assert lines[-1].startswith("error: the process of rank "), lines
+    assert latest_checkpoint(tmp_path / "run").name == "step-00000002"  # step 3's needs every rank (as when killed)
+
+
+def test_a_crash_on_one_rank_is_named_in_the_launchers_line(tmp_path, monkeypatch):
+    """An exception in rank 1's step (a bug, not a user error): the launcher's last line names the rank and the
+    exception; rank 0 stops at its next collective. The patch is inherited: ``--nproc`` forks this process."""
+    import kontrast.train.loop as loop
+
+    step = loop.Loop._one_step
+
+    def crash_on_rank_1(self, *args):
+        if os.environ.get("RANK") == "1" and self.step == 1:
+            raise RuntimeError("a deliberate crash on rank 1")
+        return step(self, *args)
+
+    monkeypatch.setattr(loop.Loop, "_one_step", crash_on_rank_1)
+    run = _train(tmp_path / "run", "simclr", 2)
+    assert run.returncode == 1, _why(run.stderr)
+    assert _ours(run.stderr)[-1] == ("error: the process of rank 1 ended the run (exit code 1: RuntimeError: a "
+                                     "deliberate crash on rank 1); torchrun stopped the others"), _why(run.stderr)
 
 
 def test_a_nan_on_one_rank_stops_or_skips_the_step_on_every_rank(tmp_path):

@@ -120,6 +120,7 @@ class TrainConfig:
     channels_last: bool | str = checked("auto", choices=(True, False, "auto"))  # auto: on where bf16 is native and on CPUs, unless a layer is unsafe in it
     sync_bn: bool = True  # on several processes: BN statistics over the global batch (docs/distributed.md)
     bind_cores: bool = True  # several CPU processes on one node: each on its own cores, where they fit (docs/distributed.md)
+    collective_timeout: float = checked(1800.0, gt=0)  # several processes: seconds a rank waits for the others in a collective before the run ends (a stuck process ends it instead of hanging)
     compile: bool = False  # torch.compile the encoder and the view pipeline (docs/lab/performance.md §6; the first step compiles for minutes)
     device: str = checked("auto", pattern=r"auto|cpu|cuda(:\d+)?|mps")  # auto: CUDA where there is one, else the CPU
     log_every: int | Literal["auto"] = checked("auto", ge=1)  # steps between metric lines; auto: 10, fewer for a run under 500 steps (about 50 lines)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -33,15 +34,17 @@ def launched() -> bool:
     return "WORLD_SIZE" in os.environ
 
 
-def init(device: torch.device, bind: bool = True) -> "ProcessGroupRanks":
+def init(device: torch.device, bind: bool = True, timeout: float = 1800.0) -> "ProcessGroupRanks":
     """Join the process group torchrun describes (idempotent); the ranks object the methods use.
 
     ``bind`` (``train.bind_cores``): on CPU, first :func:`bind_cores`, so gloo's threads start on this rank's cores.
+    ``timeout`` (``train.collective_timeout``): seconds a collective waits for the other ranks; past it the
+    collective raises and the run ends as for a lost process (a rank that is stuck, not dead, ends the run).
     """
     if not dist.is_initialized():
         if bind and device.type == "cpu":
             bind_cores()
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=timeout))
     return ProcessGroupRanks()
 
 

@@ -12,6 +12,8 @@ comma-separated list of ``name=value``:
   workers included).
 * ``signal_in_step=N`` with ``signal=TERM|INT``: send that signal in the middle of step N, as the encoder starts
   its second forward of the step (under ``train.accumulate``: between the first two micro-batches).
+* ``stall_after_step=N``: stop making progress right after step N without exiting (sleep until killed), like a
+  process stuck in a driver or a lock; the others wait at their next collective for ``train.collective_timeout``.
 * ``kill_in_checkpoint=N``: ``SIGKILL`` while the checkpoint of step N is half written.
 * ``nan_at_step=N[+M...]``: make the loss of step(s) N (1-based) NaN.
 * ``trace=PATH``: append ``{"step", "epoch", "indices"}`` per step to PATH (JSON lines).
@@ -57,6 +59,7 @@ class Faults(NoFaults):
         self.kill_after = int(spec.get("kill_after_step", -1))
         self.signal_after = int(spec.get("signal_after_step", -1))
         self.signal_in = int(spec.get("signal_in_step", -1))
+        self.stall_after = int(spec.get("stall_after_step", -1))
         self.step, self.forwards = 0, 0  # the step under way (1-based) and its encoder forwards so far
         self.signal = signal.SIGINT if spec.get("signal", "TERM").upper() == "INT" else signal.SIGTERM
         self.signal_group = spec.get("signal_group", "0") == "1"
@@ -110,6 +113,12 @@ class Faults(NoFaults):
         step = loop.step
         if step == self.kill_after:
             os.kill(os.getpid(), signal.SIGKILL)
+        if step == self.stall_after:
+            import time
+
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # torchrun's SIGTERM ends it, as it would a stuck process
+            while True:
+                time.sleep(60)
         if step == self.signal_after and self.signal_group:
             os.killpg(os.getpgid(0), self.signal)
         elif step == self.signal_after:

@@ -65,7 +65,8 @@ def start_ranks(cfg: Config) -> Ranks:
     """The run's processes: one, or the process group of a torchrun launch (joined here)."""
     if not distributed.launched():
         return Ranks()
-    return distributed.init(distributed.local_device(resolve_device(cfg.train.device)), cfg.train.bind_cores)
+    return distributed.init(distributed.local_device(resolve_device(cfg.train.device)), cfg.train.bind_cores,
+                            cfg.train.collective_timeout)
 
 
 def _fit(cfg: Config, run_dir: Path, resume: bool, overwrite: bool, progress: bool, listeners: list) -> dict:
@@ -218,7 +219,8 @@ class Loop:
         except RuntimeError as exc:
             if ranks.world == 1 or not distributed.peer_lost(exc):
                 raise
-            raise Interrupted(f"rank {ranks.rank}: another process of the run stopped during step {self.step + 1} "
+            raise Interrupted(f"rank {ranks.rank}: another process of the run stopped or stalled during step "
+                              f"{self.step + 1} "
                               f"({distributed.first_line(exc)}); last good checkpoint: "
                               f"{latest_checkpoint(self.run_dir) or 'none'}; continue with: {self.resume_command()}", 1,
                               peer_lost=True) from None
