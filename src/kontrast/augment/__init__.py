@@ -19,8 +19,8 @@ from kontrast.augment.rng import SampleRNG, derive_key, key_tensor
 from kontrast.augment.sampling import sample_mask, sample_uniform
 from kontrast.augment.recipes import (IMAGENET_RECIPES, NATIVE_SIZE, RECIPES, get_recipe, native_recipe, recipe_views,
                                       view_count)
-from kontrast.augment.spec import ViewSpec, blur_kernel_for
-from kontrast.augment.views import eval_view, make_view, make_views, to_float, view_maker
+from kontrast.augment.spec import ViewSpec, blur_kernel_for, side_schedule
+from kontrast.augment.views import eval_view, make_view, make_views, sized_view_maker, to_float, view_maker
 
 __all__ = [
     "GRAY_WEIGHTS",
@@ -55,6 +55,8 @@ __all__ = [
     "sample_mask",
     "sample_resized_crop",
     "sample_uniform",
+    "side_schedule",
+    "sized_view_maker",
     "solarize",
     "to_float",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from kontrast.errors import UserError
@@ -62,3 +63,25 @@ def blur_kernel_for(size: int) -> int:
     """SimCLR's blur kernel: 10% of the side, made odd (``int(0.1 * 224) = 22 -> 23``), at least 3."""
     k = int(0.1 * size)
     return max(3, k + 1 - k % 2)
+
+
+SIDE_STEP = 4  # progressive resolution moves in whole steps of this many pixels (CIFAR: 16, 20, 24, 28, 32)
+
+
+def side_schedule(total_steps: int, low: int, high: int, ramp: tuple[float, float], multiple: int = 1) -> list[int]:
+    """Progressive resolution: the views' side at every step of a run.
+
+    ``low`` px until the fraction ``ramp[0]`` of the steps, then growing linearly to ``high`` at ``ramp[1]``,
+    rounded to whole steps of :data:`SIDE_STEP` px (and of ``multiple``: a ViT's patch), ``high`` from there on:
+    FFCV's progressive resizing (its ImageNet recipes: 160 to 192 px in 32-px steps), which FFCV-SSL brought to
+    self-supervised learning (Balestriero et al. 2023, "A Cookbook of Self-Supervised Learning",
+    https://arxiv.org/abs/2304.12210). Small images make the early steps cheap; the last ones see ``high``.
+    """
+    grid = math.lcm(SIDE_STEP, multiple)
+    start, end = ramp[0] * total_steps, ramp[1] * total_steps
+    sides = []
+    for step in range(total_steps):
+        t = 0.0 if step < start else 1.0 if step >= end else (step - start) / (end - start)
+        side = round((low + t * (high - low)) / grid) * grid  # FFCV: np.round(res / 32) * 32
+        sides.append(min(high, max(low, side)))
+    return sides

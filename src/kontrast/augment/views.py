@@ -112,6 +112,18 @@ def view_maker(specs: Sequence[ViewSpec], compile: bool = False, cropped: bool =
     return views
 
 
+def sized_view_maker(views_by_side: dict[int, Sequence[ViewSpec]], compile: bool = False):
+    """Progressive resolution: ``fn(images, ids, key, side) -> views``, :func:`view_maker`'s views made at ``side``
+    (a key of ``views_by_side``: the recipe resolved at that side). A sample's draws do not depend on the side
+    (crop boxes are fractions of the source image), so at the last side the views are the fixed-size run's."""
+    makers = {side: view_maker(specs, compile) for side, specs in views_by_side.items()}
+
+    def views(images, ids: Tensor, key, side: int) -> list[Tensor]:
+        return makers[side](images, ids, key)
+
+    return views
+
+
 def eval_view(images: Tensor, spec: ViewSpec) -> Tensor:
     """Deterministic view for evaluation: float, resized to ``spec.size`` if needed, normalised."""
     x = to_float(images)

@@ -78,6 +78,8 @@ class AugmentConfig:
     recipe: str | None = None  # null: the method's own recipe at data.size
     view: Mapping[str, Any] = field(default_factory=dict)  # ViewSpec fields set on every view
     views: int | None = checked(None, ge=1)  # how many views: the recipe's first ones, its last repeated to reach it (more local crops, MMCR's k); null: the recipe's own
+    min_size: int = checked(0, ge=0)  # progressive resolution: the views' side at the start, growing to data.size over size_ramp (0 = off; docs/guide.md)
+    size_ramp: tuple[float, float] = checked((0.0, 0.75), ge=0, le=1)  # progressive resolution: the fractions of the steps where the side starts and stops growing
 
 
 @dataclass(frozen=True)

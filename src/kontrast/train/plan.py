@@ -12,6 +12,7 @@ through: the data, the method, the optimizer, the lr and weight-decay schedules 
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -19,7 +20,8 @@ from pathlib import Path
 import torch
 import yaml
 
-from kontrast.augment import ViewSpec, recipe_views, view_maker
+from kontrast.augment import ViewSpec, recipe_views, side_schedule, sized_view_maker, view_maker
+from kontrast.augment.spec import SIDE_STEP
 from kontrast.checkpoint import PLAN_KEY, RUN_CONFIG
 from kontrast.config import Config, to_dict
 from kontrast.data import batch_indices
@@ -60,6 +62,7 @@ class RunPlan:
     recipe: str | None  # the views' recipe at data.size; None for a sequence method (it gets the raw batch)
     views: tuple[ViewSpec, ...]  # () for a sequence method
     encoder: dict  # the encoder's constructor arguments (kontrast.methods.build.build_encoder_args)
+    ramp_views: tuple[tuple[int, tuple[ViewSpec, ...]], ...] = ()  # progressive resolution: views at each smaller side
 
     @property
     def torch_device(self) -> torch.device:
@@ -81,6 +84,11 @@ class RunPlan:
             said = ", ".join(sorted({f"{a:g} -> {b} px" for a, b in rounded}))
             lines.append(f"views: the small crops in whole {view_multiple(self.cfg, self.cfg.data.size)}-px ViT "
                          f"patches ({said})")
+        if self.ramp_views:
+            start, end = (round(100 * f) for f in self.cfg.augment.size_ramp)
+            sides = ", ".join(str(side) for side, _ in self.ramp_views)
+            lines.append(f"views: progressive resolution, {sides} px before {self.cfg.data.size} px, growing from "
+                         f"{start} % to {end} % of the steps (augment.min_size, augment.size_ramp)")
         native = self.cfg.augment.recipe or METHODS.get(self.cfg.method.name).recipe
         if self.recipe is not None and self.recipe != native:
             lines.append(f"views: {self.recipe!r}, the ImageNet version of {native!r} at data.size "
@@ -93,7 +101,8 @@ class RunPlan:
                  for s in self.views]
         return {"device": self.device, "world": self.world, "sized": list(self.sized), "numerics": self.numerics,
                 "data": self.data_why,
-                "recipe": self.recipe, "encoder": dict(self.encoder), "views": views}
+                "recipe": self.recipe, "encoder": dict(self.encoder), "views": views,
+                "ramp_sides": [side for side, _ in self.ramp_views]}
 
 
 def plan_run(cfg: Config, ranks: Ranks = Ranks()) -> RunPlan:
@@ -113,11 +122,12 @@ def plan_run(cfg: Config, ranks: Ranks = Ranks()) -> RunPlan:
         data_why += "; streamed because another process's memory budget is too small"
     cls = METHODS.get(cfg.method.name)
     recipe = run_recipe(cfg, cls) if cls.recipe is not None else None
-    if recipe is None and (cfg.augment.recipe or cfg.augment.view or cfg.augment.views):
+    if recipe is None and (cfg.augment.recipe or cfg.augment.view or cfg.augment.views or cfg.augment.min_size):
         raise UserError(f"method {cfg.method.name} takes no image augmentation; remove the augment settings")
     views = _views(cfg, recipe) if recipe else ()
+    ramp = _ramp_views(cfg, recipe) if cfg.augment.min_size else ()
     return RunPlan(cfg=cfg, device=str(device), rank=ranks.rank, world=ranks.world, numerics=numerics, sized=tuple(sized),
-                   data_why=data_why, recipe=recipe, views=views, encoder=build_encoder_args(cfg))
+                   data_why=data_why, recipe=recipe, views=views, encoder=build_encoder_args(cfg), ramp_views=ramp)
 
 
 def check_micro_batches(cfg: Config, world: int) -> None:
@@ -138,6 +148,31 @@ def _views(cfg: Config, recipe: str) -> tuple[ViewSpec, ...]:
     except UserError:
         check_size(cfg, create_method(cfg, pretrained=False))  # the error path only: a method to ask its limits
         raise
+
+
+def _ramp_views(cfg: Config, recipe: str) -> tuple[tuple[int, tuple[ViewSpec, ...]], ...]:
+    """Progressive resolution (``augment.min_size``): ``recipe``'s views at every side below ``data.size`` that
+    :func:`~kontrast.augment.side_schedule` can pick, smallest first; one line for a setting it cannot take."""
+    aug, size, multiple = cfg.augment, cfg.data.size, view_multiple(cfg, cfg.data.size)
+    low, (start, end) = aug.min_size, aug.size_ramp
+    if low >= size:
+        raise UserError(f"augment.min_size ({low}) must be below data.size ({size}) for progressive resolution; "
+                        "set a smaller one, or 0 to train at data.size throughout")
+    if start > end:
+        raise UserError(f"augment.size_ramp {list(aug.size_ramp)} must start no later than it ends; e.g. [0.0, 0.75]")
+    if cfg.data.mode == "stream":
+        raise UserError("augment.min_size needs the images in memory (the streaming path crops at data.size as it "
+                        "decodes); set data.mode=memory or augment.min_size=0")
+    if low % multiple:
+        raise UserError(f"augment.min_size ({low}) must be a multiple of the ViT's {multiple}-px patch; "
+                        f"use {max(multiple, low // multiple * multiple)}")
+    grid = math.lcm(SIDE_STEP, multiple)
+    sides = sorted({low, *range(grid * (low // grid + 1), size, grid)})
+    try:
+        return tuple((side, recipe_views(recipe, side, aug.view, aug.views, multiple)) for side in sides)
+    except UserError as err:
+        raise UserError(f"augment.min_size ({low}) is too small for {cfg.method.name}'s views: {err}; "
+                        "set a larger augment.min_size") from None
 
 
 LOG_POINTS = 50  # train.log_every auto: at least this many metric lines where a run is shorter than 10 x it
@@ -199,12 +234,29 @@ def build_run(plan: RunPlan, ranks: Ranks = Ranks(), *, resume: bool = False,
     warmup = round(cfg.optim.warmup_epochs * steps_per_epoch)
     ctx = StepContext(
         method=method, optimizer=optimizer, images=None if train.stream else train.data.x.to(device),  # memory: all
-        make_views=view_maker(plan.views, compile=tc.compile, cropped=train.stream is not None) if plan.views else None,
-        lrs=lr_schedule(peak, schedule.total_steps, warmup, cfg.optim.min_lr).tolist(), peak_lr=peak,
+        make_views=_view_maker(plan, train), view_sides=_view_sides(plan, schedule.total_steps), lrs=lr_schedule(peak, schedule.total_steps, warmup, cfg.optim.min_lr).tolist(), peak_lr=peak,
         wds=weight_decay_schedule(cfg.optim, schedule.total_steps), clip_grad=cfg.optim.clip_grad,
         seed=tc.seed, device=device, guard=NonFiniteGuard(method, device), precision=tc.precision,
         channels_last=tc.channels_last, nonfinite=tc.nonfinite, ranks=ranks)
     return ctx, schedule, train
+
+
+def _view_maker(plan: RunPlan, train: TrainData):
+    """The step's view function: at data.size, or at the step's side under progressive resolution."""
+    if not plan.views:
+        return None  # a sequence method: the raw batch
+    if plan.ramp_views:
+        return sized_view_maker({**dict(plan.ramp_views), plan.cfg.data.size: plan.views}, plan.cfg.train.compile)
+    return view_maker(plan.views, compile=plan.cfg.train.compile, cropped=train.stream is not None)
+
+
+def _view_sides(plan: RunPlan, total_steps: int) -> list[int] | None:
+    """Progressive resolution: the views' side at every step (None: data.size throughout)."""
+    if not plan.ramp_views:
+        return None
+    cfg = plan.cfg
+    return side_schedule(total_steps, cfg.augment.min_size, cfg.data.size, cfg.augment.size_ramp,
+                         view_multiple(cfg, cfg.data.size))
 
 
 def _load_data(plan: RunPlan) -> TrainData:

@@ -61,6 +61,7 @@ class StepContext:
     ranks: Ranks = Ranks()  # one process unless the run was launched on several (train/distributed.py)
     wds: list[float] | None = None
     clip_grad: float = 0.0
+    view_sides: list[int] | None = None  # progressive resolution: the views' side at every step (make_views takes it)
 
 
 @dataclass
@@ -97,7 +98,10 @@ def train_step(ctx: StepContext, indices: torch.Tensor, epoch_key: torch.Tensor,
         indices = indices[ranks.own(len(indices) // ranks.world)]  # [B / W] this rank's slice
     idx = indices.to(ctx.device)
     inputs = ctx.images[idx] if batch is None else [v.to(ctx.device, non_blocking=True) for v in batch.views]
-    views = ctx.make_views(inputs, idx, epoch_key) if ctx.make_views else [inputs]
+    if ctx.make_views is None:  # a sequence method: the raw batch
+        views = [inputs]
+    else:
+        views = ctx.make_views(inputs, idx, epoch_key, *([ctx.view_sides[step]] if ctx.view_sides else []))
     if ctx.channels_last and ctx.make_views:
         views = [v.contiguous(memory_format=torch.channels_last) for v in views]
     buffers = [b.clone() for b in method.buffers()] if ctx.nonfinite == "skip" else None

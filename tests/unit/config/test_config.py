@@ -78,6 +78,16 @@ def test_each_method_has_a_recipe_file_stating_its_defaults(name):
     assert from_file.optim == defaults.optim
 
 
+@pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("*.yaml") if p.name != "short_budget.yaml"))
+def test_every_recipe_file_resolves_and_plans(name):
+    """Every file in configs/ is a config a user can pass to --config (the fast recipe's progressive views too)."""
+    from kontrast.train.plan import plan_run
+
+    raw = load_yaml(CONFIGS / name)
+    raw["data"] = {**raw.get("data", {}), "source": "sequences:8" if name == "cpc_sequences.yaml" else "shapes:8"}
+    plan_run(resolve(raw))
+
+
 def test_augment_overrides_apply_to_every_view():
     from kontrast.methods.build import create_method, view_specs
 

@@ -1,0 +1,257 @@
+"""Time to accuracy: kNN against training wall-clock, kontrast's recipe beside the peer's SimCLR, one sitting.
+
+Each side trains for a wall-clock budget (default 30 minutes) on CIFAR-10 and saves its encoder at every mark
+(default every 5 minutes of training) and when the budget runs out; after training, outside the budget, every
+snapshot is scored by weighted kNN (k=200, tau=0.1) of the full test split against the full training split.
+The sides alternate, seed by seed (ours then the peer's for seed 0, the peer's then ours for seed 1, ...), so a
+drift in the machine's speed falls on both.
+
+- **ours**: ``--recipe`` (default configs/simclr_cifar_fast.yaml) with ``--set`` on top, trained by
+  ``kontrast.train.fit`` in a child process with a listener that snapshots the encoder at the marks (the clock
+  is paused while it writes) and ends the run at the budget; its schedule is the recipe's ``train.epochs``.
+  Scored by ``kontrast eval --no-linear --no-clustering`` (fp32 features).
+- **peer**: lightly's SimCLR recipe (benchmarks/peer/lightly_timed.py, in the peer's environment from
+  benchmarks/setup_peer.sh) at ``--peer-width``, ``--peer-batch`` and ``--peer-precision``; its cosine schedule
+  is fitted to the budget: a pilot of ``--pilot-s`` seconds measures its seconds per step, and the schedule gets
+  the steps that fill 98 % of the budget.
+
+Both clocks count the training loop only: not the process start, the dataset's indexing or, for kontrast, the
+one-time decoding of the JPEGs into its cache (the peer decodes every image at every step, inside its clock;
+both whole-process times are in the rows). Rows go to ``--out`` (JSON lines: one per side and seed, with every
+snapshot's time and kNN); the summary (time to the peer's final kNN, final kNN of each side) is printed, and
+``--plot`` draws the curves.
+
+    .venv/bin/python benchmarks/time_to_accuracy.py --data ../shared/data/cifar10-jpeg.tar.gz \\
+        --peer-python runs/peer/venv/bin/python --peer-data runs/peer/data/cifar10 --seeds 0,1 \\
+        --plot docs/lab/time_to_accuracy.png
+    .venv/bin/python benchmarks/time_to_accuracy.py --report [--plot PNG]    # the summary of the rows there
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PEER_SCRIPT = ROOT / "benchmarks/peer/lightly_timed.py"
+
+
+class BudgetSpent(Exception):
+    """Raised by :class:`Marks` at the budget: the run ends there (its last snapshot is written)."""
+
+
+def marks_listener(out: Path, budget_s: float, mark_s: float):
+    """A listener of kontrast's training loop: the encoder's weights as a checkpoint under ``out`` at every mark
+    of training time and at the budget, the clock paused while it writes; then :class:`BudgetSpent`."""
+    from kontrast.checkpoint import save_checkpoint
+    from kontrast.train.events import Listener
+
+    class Marks(Listener):
+        def run_start(self, loop) -> None:
+            self.start, self.paused, self.next, self.last = time.perf_counter(), 0.0, mark_s, -1
+
+        def elapsed(self) -> float:
+            return time.perf_counter() - self.start - self.paused
+
+        def snapshot(self, loop, reason: str) -> None:
+            t0, train_s = time.perf_counter(), self.elapsed()
+            state = {"step": loop.step, "train_s": round(train_s, 1), "reason": reason,
+                     "num_samples": loop.schedule.num_samples, "steps_per_epoch": loop.schedule.steps_per_epoch}
+            self.last = loop.step
+            save_checkpoint(out, loop.ctx.method, loop.ctx.optimizer, state, keep=10**6)
+            print(json.dumps({"side": "ours", **state, "epoch": round(loop.step / loop.schedule.steps_per_epoch, 3)}),
+                  flush=True)
+            self.paused += time.perf_counter() - t0
+
+        def step_end(self, loop, result) -> None:
+            if self.elapsed() >= budget_s:
+                self.snapshot(loop, "end: budget")
+                raise BudgetSpent
+            if self.elapsed() >= self.next:
+                self.snapshot(loop, "mark")
+                self.next = (math.floor(self.elapsed() / mark_s) + 1) * mark_s
+
+        def run_end(self, loop) -> None:
+            if loop.step == loop.schedule.total_steps and self.last != loop.step:  # the schedule ended in the budget
+                self.snapshot(loop, "end: steps")
+
+    return Marks()
+
+
+def train_ours(a) -> None:
+    """The child process of one kontrast run (``_ours``): fit the recipe with the marks listener."""
+    import shutil
+
+    from kontrast.config.load import assemble
+    from kontrast.methods.build import resolve
+    from kontrast.train.loop import fit
+
+    sets = [f"data.source={a.data}", f"train.seed={a.seed}", *a.set]
+    cfg = resolve(assemble(config_file=a.recipe, sets=sets, where=a.out))
+    run, marks = Path(a.out), Path(a.out) / "marks"
+    try:
+        fit(cfg, run, overwrite=True, progress=False, listeners=[marks_listener(marks, a.budget_s, a.mark_s)])
+    except BudgetSpent:
+        pass
+    shutil.copy(run / "config.yaml", marks / "config.yaml")  # each snapshot reads as a checkpoint of a run
+
+
+def run_child(cmd: list[str], log: Path) -> tuple[list[dict], float]:
+    """Run ``cmd``; its JSON lines from stdout and its whole-process seconds (stderr to ``log``)."""
+    t0 = time.perf_counter()
+    with open(log, "w") as err:
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+    if proc.returncode:
+        sys.exit(f"failed ({proc.returncode}): {shlex.join(cmd)}; see {log}")
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")], time.perf_counter() - t0
+
+
+def ours(a, seed: int) -> dict:
+    """One kontrast run: train within the budget, then kNN of every snapshot."""
+    out = a.work / f"ours-{a.label}-s{seed}"
+    cmd = [sys.executable, __file__, "_ours", "--recipe", str(a.recipe), "--data", a.data, "--out", str(out),
+           "--seed", str(seed), "--budget-s", str(a.budget_s), "--mark-s", str(a.mark_s),
+           *[flag for text in a.set for flag in ("--set", text)]]
+    lines, process_s = run_child(cmd, a.work / f"ours-{a.label}-s{seed}.log")
+    snaps, points = [line for line in lines if line.get("side") == "ours"], []
+    for snap in snaps:
+        ckpt = out / "marks/checkpoints" / f"step-{snap['step']:08d}"
+        evaluated, _ = run_child([str(ROOT / ".venv/bin/kontrast"), "eval", "--checkpoint", str(ckpt), "--no-linear",
+                                  "--no-clustering", "--json"], a.work / "eval.log")
+        points.append({**snap, "knn_top1": evaluated[-1]["knn_top1"]})
+    return {"side": "ours", "label": a.label, "seed": seed, "points": points, "process_s": round(process_s, 1),
+            "command": shlex.join(cmd)}
+
+
+def peer(a, seed: int) -> dict:
+    """One peer run: a pilot for its seconds per step, the run with its schedule fitted to the budget, kNN."""
+    out = a.work / f"peer-s{seed}"
+    base = [a.peer_python, str(PEER_SCRIPT), "train", "--data", a.peer_data, "--seed", str(seed), "--width",
+            str(a.peer_width), "--batch", str(a.peer_batch), "--workers", "0",
+            *(["--bf16", "--channels-last"] if a.peer_precision == "bf16_cl" else [])]
+    pilot, _ = run_child([*base, "--out", str(out / "pilot"), "--steps", "100000", "--budget-s", str(a.pilot_s),
+                          "--mark-s", "1e9"], a.work / f"peer-s{seed}-pilot.log")
+    steps = int(0.98 * a.budget_s * pilot[-1]["step"] / pilot[-1]["train_s"])
+    cmd = [*base, "--out", str(out), "--steps", str(steps), "--budget-s", str(a.budget_s), "--mark-s", str(a.mark_s)]
+    snaps, process_s = run_child(cmd, a.work / f"peer-s{seed}.log")
+    scores, _ = run_child([a.peer_python, str(PEER_SCRIPT), "evaluate", "--data", a.peer_data, "--out", str(out),
+                           "--width", str(a.peer_width)], a.work / f"peer-s{seed}-eval.log")
+    by_time = {round(s["train_s"], 1): s["knn_top1"] for s in scores}
+    points = [{**snap, "knn_top1": by_time[round(snap["train_s"], 1)]} for snap in snaps]
+    return {"side": "peer", "label": f"lightly w{a.peer_width} b{a.peer_batch} {a.peer_precision}", "seed": seed,
+            "points": points, "process_s": round(process_s, 1), "schedule_steps": steps, "command": shlex.join(cmd)}
+
+
+def first_time_at(points: list[dict], target: float) -> float | None:
+    """Training seconds of the first snapshot whose kNN reaches ``target`` (None: none does)."""
+    return next((p["train_s"] for p in points if p["knn_top1"] >= target), None)
+
+
+def summary(rows: list[dict], budget_s: float) -> list[str]:
+    """Per seed: each side's kNN at the budget, the time ours took to reach the peer's, the targets."""
+    lines = []
+    for seed in sorted({r["seed"] for r in rows}):
+        peer_rows = [r for r in rows if r["seed"] == seed and r["side"] == "peer"]
+        for row in [r for r in rows if r["seed"] == seed and r["side"] == "ours"]:
+            if not peer_rows:
+                continue
+            theirs = [p for p in peer_rows[-1]["points"] if p["train_s"] <= budget_s + 1][-1]["knn_top1"]
+            mine = [p for p in row["points"] if p["train_s"] <= budget_s + 1][-1]["knn_top1"]
+            reach = first_time_at(row["points"], theirs)
+            when = f"{reach / 60:.1f} min" if reach is not None else "not reached"
+            lines.append(f"seed {seed} {row['label']}: peer kNN {theirs:.4f} at {budget_s / 60:.0f} min; ours "
+                         f"{mine:.4f} (+{mine - theirs:.4f}; target +0.05 {'met' if mine - theirs >= 0.05 else 'not met'});"
+                         f" ours reached the peer's in {when} (target <= {budget_s / 120:g} min: "
+                         f"{'met' if reach is not None and reach <= budget_s / 2 else 'not met'})")
+    return lines
+
+
+def plot(rows: list[dict], path: Path, budget_s: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colours = {}
+    for row in rows:
+        key = (row["side"], row["label"])
+        colours.setdefault(key, f"C{len(colours)}")
+        xs, ys = [p["train_s"] / 60 for p in row["points"]], [p["knn_top1"] for p in row["points"]]
+        ax.plot(xs, ys, marker="o", color=colours[key], linestyle="-" if row["seed"] == 0 else "--",
+                label=f"{'kontrast' if row['side'] == 'ours' else 'peer'}: {row['label']}, seed {row['seed']}")
+    ax.set_xlabel("training wall-clock (minutes, 2-core CPU)")
+    ax.set_ylabel("kNN top-1, CIFAR-10 test (k=200)")
+    ax.set_xlim(0, budget_s / 60 * 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", help="CIFAR-10 as kontrast reads it (the tar)")
+    p.add_argument("--recipe", type=Path, default=ROOT / "configs/simclr_cifar_fast.yaml")
+    p.add_argument("--set", action="append", default=[], help="config key=value on top of the recipe (repeatable)")
+    p.add_argument("--label", default="fast", help="this recipe's name in the rows and the plot (ablations: another)")
+    p.add_argument("--seeds", default="0,1")
+    p.add_argument("--sides", default="ours,peer", help="which sides to run: ours, peer or both")
+    p.add_argument("--budget-min", type=float, default=30.0)
+    p.add_argument("--mark-min", type=float, default=5.0)
+    p.add_argument("--peer-python", help="the peer environment's python (benchmarks/setup_peer.sh)")
+    p.add_argument("--peer-data", help="CIFAR-10 as an ImageFolder (benchmarks/setup_peer.sh extracts it)")
+    p.add_argument("--peer-width", type=float, default=0.25)
+    p.add_argument("--peer-batch", type=int, default=256)
+    p.add_argument("--peer-precision", choices=["bf16_cl", "fp32"], default="bf16_cl")
+    p.add_argument("--pilot-s", type=float, default=60.0, help="the peer's pilot, to fit its schedule to the budget")
+    p.add_argument("--work", type=Path, default=ROOT / "runs/time_to_accuracy")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/time_to_accuracy.jsonl")
+    p.add_argument("--plot", type=Path)
+    p.add_argument("--report", action="store_true", help="only the summary (and --plot) of the rows in --out")
+    a = p.parse_args(argv)
+    a.budget_s, a.mark_s = a.budget_min * 60, a.mark_min * 60
+    return a
+
+
+def main(argv=None) -> None:
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "_ours":  # the child process of one kontrast run
+        c = argparse.ArgumentParser()
+        for flag in ("--recipe", "--data", "--out"):
+            c.add_argument(flag, required=True)
+        c.add_argument("--seed", type=int, default=0)
+        c.add_argument("--budget-s", type=float, required=True)
+        c.add_argument("--mark-s", type=float, required=True)
+        c.add_argument("--set", action="append", default=[])
+        return train_ours(c.parse_args(sys.argv[2:]))
+    a = parse_args(argv)
+    if not a.report:
+        a.work.mkdir(parents=True, exist_ok=True)
+        sides = a.sides.split(",")
+        for i, seed in enumerate(int(s) for s in a.seeds.split(",")):
+            for side in (sides if i % 2 == 0 else sides[::-1]):  # interleaved: who goes first alternates
+                row = ours(a, seed) if side == "ours" else peer(a, seed)
+                row.update(budget_s=a.budget_s, when=datetime.now(timezone.utc).isoformat(timespec="minutes"),
+                           load_after=round(os.getloadavg()[0], 2))
+                with open(a.out, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+                print(json.dumps({k: row[k] for k in ("side", "label", "seed", "process_s")}
+                                 | {"knn": [(p["train_s"], p["knn_top1"]) for p in row["points"]]}), flush=True)
+    rows = [json.loads(line) for line in a.out.read_text().splitlines()] if a.out.exists() else []
+    rows = [r for r in rows if r["budget_s"] == a.budget_s]
+    print("\n".join(summary(rows, a.budget_s)))
+    if a.plot:
+        plot(rows, a.plot, a.budget_s)
+        print(f"plot: {a.plot}")
+
+
+if __name__ == "__main__":
+    main()
