@@ -66,7 +66,7 @@ OPTIM_FLAGS = {"name": "optim", "lr": "lr", "lr_batch": "lr-batch", "momentum": 
 # train / data / eval fields that do not change what is trained or how it is scored
 NO_EFFECT = {"train": {"log_every", "knn_every", "knn_max_train", "knn_max_test", "checkpoint_every", "nonfinite",
                        "max_skips", "collapse_std", "collapse_window", "collapse_share", "num_threads",
-                       "sync_bn", "bind_cores"},  # several processes only; parity runs one
+                       "sync_bn", "bind_cores", "collective_timeout"},  # several processes only; parity runs one
              # mode / workers / memory_budget: the CIFAR archive is always read into memory (never streamed)
              "data": {"source", "skip_bad_images", "cache_dir", "mode", "workers", "memory_budget"},
              "eval": {"linear_epochs", "linear_weight_decay", "batch_size"}}
@@ -75,7 +75,7 @@ OPTIM_OFF = {"weight_decay_end": None, "clip_grad": 0.0}  # optimizer options th
 HANDLED = {"train": {"epochs", "batch_size", "accumulate", "seed", "precision", "channels_last", "device", "compile"},
            "data": {"size", "limit"}, "eval": {"knn_k", "knn_temperature"},
            "encoder": {"name", "stem", "width", "zero_init_residual", "torch_init", "weights", *OFF_BY_DEFAULT},
-           "augment": {"recipe", "view", "views"}}
+           "augment": {"recipe", "view", "views", "min_size", "size_ramp"}}
 
 
 def _flag(name: str, value) -> list[str]:
@@ -182,6 +182,8 @@ def peer_settings(cfg, args) -> tuple[list[str], list[str], list[str]]:
     unknown += [f"encoder.{k}={getattr(enc, k)}" for k in OFF_BY_DEFAULT if getattr(enc, k) not in (None, False)]
     if cfg.augment.views is not None:  # the peer's methods take their own two views
         unknown.append(f"augment.views={cfg.augment.views} (the peer's method takes its own views)")
+    if cfg.augment.min_size:  # the peer's views are at data.size throughout
+        unknown.append(f"augment.min_size={cfg.augment.min_size} (the peer trains at data.size throughout)")
     if tc.accumulate != 1:  # BN statistics per micro-batch: the peer normalises over the whole batch
         unknown.append(f"train.accumulate={tc.accumulate} (the peer trains the plain batch)")
     for section, known in HANDLED.items():

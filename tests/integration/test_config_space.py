@@ -164,8 +164,8 @@ def train_args(cell: dict, data: Path, run: Path) -> list[str]:
     return args
 
 
-# a rank stuck (not dead) ends the cell after 5 minutes rather than gloo's default 30
-HANG_LIMIT = "train.collective_timeout=300"
+# a rank stuck (not dead) ends the cell after 2 minutes rather than gloo's default 30
+HANG_LIMIT = "train.collective_timeout=120"
 
 
 def _cli(args: list[str], world: int, faults: str = "") -> tuple[int, str]:

@@ -123,6 +123,9 @@ def test_a_setting_the_peer_cannot_take_stops_the_driver(tmp_path):
     assert any("translate_p=0.5" in u for u in unknown)
     with pytest.raises(SystemExit, match="cannot pass to the peer"):
         parity.run_pair(args)
+    ramp = parity.build_parser().parse_args(["--method", "simclr", "--set", "augment.min_size=16"])
+    assert parity.peer_settings(parity.resolved(ramp), ramp)[2] == [
+        "augment.min_size=16 (the peer trains at data.size throughout)"]
 
 
 def test_table_and_doc_section(tmp_path):

@@ -234,7 +234,8 @@ def build_run(plan: RunPlan, ranks: Ranks = Ranks(), *, resume: bool = False,
     warmup = round(cfg.optim.warmup_epochs * steps_per_epoch)
     ctx = StepContext(
         method=method, optimizer=optimizer, images=None if train.stream else train.data.x.to(device),  # memory: all
-        make_views=_view_maker(plan, train), view_sides=_view_sides(plan, schedule.total_steps), lrs=lr_schedule(peak, schedule.total_steps, warmup, cfg.optim.min_lr).tolist(), peak_lr=peak,
+        make_views=_view_maker(plan, train), view_sides=_view_sides(plan, schedule.total_steps),
+        lrs=lr_schedule(peak, schedule.total_steps, warmup, cfg.optim.min_lr).tolist(), peak_lr=peak,
         wds=weight_decay_schedule(cfg.optim, schedule.total_steps), clip_grad=cfg.optim.clip_grad,
         seed=tc.seed, device=device, guard=NonFiniteGuard(method, device), precision=tc.precision,
         channels_last=tc.channels_last, nonfinite=tc.nonfinite, ranks=ranks)
