@@ -1,0 +1,51 @@
+"""benchmarks/time_to_accuracy.py: kontrast's side snapshots at the marks and stops at the budget, each snapshot
+reads as a checkpoint of a run (``kontrast eval`` scores it), and the summary reads the curves as the targets say.
+The peer's side runs in its own environment (benchmarks/peer/lightly_timed.py), not here."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+
+import yaml
+
+from kontrast.evaluate.run import load_run
+from support import ROOT
+
+spec = importlib.util.spec_from_file_location("time_to_accuracy", ROOT / "benchmarks/time_to_accuracy.py")
+tta = importlib.util.module_from_spec(spec)
+sys.modules["time_to_accuracy"] = tta
+spec.loader.exec_module(tta)
+
+
+def test_ours_snapshots_at_the_marks_and_stops_at_the_budget(tmp_path, capsys):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "method": {"name": "simclr"}, "data": {"size": 16}, "encoder": {"width": 0.125},
+        "augment": {"min_size": 8}, "train": {"epochs": 1000, "batch_size": 16, "num_threads": 1, "device": "cpu"}}))
+    a = argparse.Namespace(recipe=str(recipe), data="shapes:64", out=str(tmp_path / "run"), seed=0, budget_s=3.0,
+                           mark_s=1.0, set=[])
+    tta.train_ours(a)
+    snaps = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"side"')]
+    assert len(snaps) >= 3 and snaps[-1]["reason"] == "end: budget"
+    assert all(s["reason"] == "mark" for s in snaps[:-1])
+    times = [s["train_s"] for s in snaps]
+    assert times == sorted(times) and times[0] >= 1.0 and 3.0 <= times[-1] < 6.0  # one step past the budget at most
+    for snap in snaps:  # each is a checkpoint of a run: eval, embed and export read it
+        cfg, _, ckpt = load_run(tmp_path / "run/marks/checkpoints" / f"step-{snap['step']:08d}")
+        assert cfg.augment.min_size == 8 and ckpt.name == f"step-{snap['step']:08d}"
+
+
+def _row(side: str, seed: int, curve: list[tuple[float, float]]) -> dict:
+    return {"side": side, "label": side, "seed": seed, "points": [{"train_s": t, "knn_top1": k} for t, k in curve]}
+
+
+def test_the_summary_reads_time_to_the_peers_final_knn_and_the_margin_at_the_budget():
+    rows = [_row("peer", 0, [(300, 0.40), (900, 0.50), (1800, 0.60)]),
+            _row("ours", 0, [(300, 0.45), (600, 0.55), (900, 0.61), (1800, 0.66), (1850, 0.70)])]
+    line, = tta.summary(rows, 1800.0)
+    assert "peer kNN 0.6000 at 30 min; ours 0.6600 (+0.0600; target +0.05 met)" in line  # 1850 s is past the budget
+    assert "ours reached the peer's in 15.0 min (target <= 15 min: met)" in line
+    assert tta.first_time_at(rows[1]["points"], 0.7) == 1850 and tta.first_time_at(rows[1]["points"], 0.8) is None
