@@ -49,3 +49,9 @@ def test_the_summary_reads_time_to_the_peers_final_knn_and_the_margin_at_the_bud
     assert "peer kNN 0.6000 at 30 min; ours 0.6600 (+0.0600; target +0.05 met)" in line  # 1850 s is past the budget
     assert "ours reached the peer's in 15.0 min (target <= 15 min: met)" in line
     assert tta.first_time_at(rows[1]["points"], 0.7) == 1850 and tta.first_time_at(rows[1]["points"], 0.8) is None
+
+
+def test_the_peers_pilot_rate_leaves_out_its_start_up():
+    log = "step 50/100000 loss 5.5 train_s 45\nstep 100/100000 loss 5.4 train_s 83\nstep 150/100000 loss 5.3 train_s 121\n"
+    assert tta.steady_rate(log, {"step": 160, "train_s": 130.0}) == 100 / 76  # 1.32, not 160 / 130 = 1.23
+    assert tta.steady_rate("step 50/100000 loss 5.5 train_s 45\n", {"step": 60, "train_s": 60.0}) == 1.0
