@@ -40,6 +40,9 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from kontrast.checkpoint import save_checkpoint
+from kontrast.train.events import Listener
+
 ROOT = Path(__file__).resolve().parents[1]
 PEER_SCRIPT = ROOT / "benchmarks/peer/lightly_timed.py"
 
@@ -48,42 +51,40 @@ class BudgetSpent(Exception):
     """Raised by :class:`Marks` at the budget: the run ends there (its last snapshot is written)."""
 
 
-def marks_listener(out: Path, budget_s: float, mark_s: float):
+class Marks(Listener):
     """A listener of kontrast's training loop: the encoder's weights as a checkpoint under ``out`` at every mark
     of training time and at the budget, the clock paused while it writes; then :class:`BudgetSpent`."""
-    from kontrast.checkpoint import save_checkpoint
-    from kontrast.train.events import Listener
 
-    class Marks(Listener):
-        def run_start(self, loop) -> None:
-            self.start, self.paused, self.next, self.last = time.perf_counter(), 0.0, mark_s, -1
+    def __init__(self, out: Path, budget_s: float, mark_s: float):
+        self.out, self.budget_s, self.mark_s = out, budget_s, mark_s
 
-        def elapsed(self) -> float:
-            return time.perf_counter() - self.start - self.paused
+    def run_start(self, loop) -> None:
+        self.start, self.paused, self.next, self.last = time.perf_counter(), 0.0, self.mark_s, -1
 
-        def snapshot(self, loop, reason: str) -> None:
-            t0, train_s = time.perf_counter(), self.elapsed()
-            state = {"step": loop.step, "train_s": round(train_s, 1), "reason": reason,
-                     "num_samples": loop.schedule.num_samples, "steps_per_epoch": loop.schedule.steps_per_epoch}
-            self.last = loop.step
-            save_checkpoint(out, loop.ctx.method, loop.ctx.optimizer, state, keep=10**6)
-            print(json.dumps({"side": "ours", **state, "epoch": round(loop.step / loop.schedule.steps_per_epoch, 3)}),
-                  flush=True)
-            self.paused += time.perf_counter() - t0
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start - self.paused
 
-        def step_end(self, loop, result) -> None:
-            if self.elapsed() >= budget_s:
-                self.snapshot(loop, "end: budget")
-                raise BudgetSpent
-            if self.elapsed() >= self.next:
-                self.snapshot(loop, "mark")
-                self.next = (math.floor(self.elapsed() / mark_s) + 1) * mark_s
+    def snapshot(self, loop, reason: str) -> None:
+        t0, train_s = time.perf_counter(), self.elapsed()
+        state = {"step": loop.step, "train_s": round(train_s, 1), "reason": reason,
+                 "num_samples": loop.schedule.num_samples, "steps_per_epoch": loop.schedule.steps_per_epoch}
+        save_checkpoint(self.out, loop.ctx.method, loop.ctx.optimizer, state, keep=10**6)
+        print(json.dumps({"side": "ours", **state, "epoch": round(loop.step / loop.schedule.steps_per_epoch, 3)}),
+              flush=True)
+        self.last = loop.step
+        self.paused += time.perf_counter() - t0
 
-        def run_end(self, loop) -> None:
-            if loop.step == loop.schedule.total_steps and self.last != loop.step:  # the schedule ended in the budget
-                self.snapshot(loop, "end: steps")
+    def step_end(self, loop, result) -> None:
+        if self.elapsed() >= self.budget_s:
+            self.snapshot(loop, "end: budget")
+            raise BudgetSpent
+        if self.elapsed() >= self.next:
+            self.snapshot(loop, "mark")
+            self.next = (math.floor(self.elapsed() / self.mark_s) + 1) * self.mark_s
 
-    return Marks()
+    def run_end(self, loop) -> None:
+        if loop.step == loop.schedule.total_steps and self.last != loop.step:  # the schedule ended in the budget
+            self.snapshot(loop, "end: steps")
 
 
 def train_ours(a) -> None:
@@ -98,7 +99,7 @@ def train_ours(a) -> None:
     cfg = resolve(assemble(config_file=a.recipe, sets=sets, where=a.out))
     run, marks = Path(a.out), Path(a.out) / "marks"
     try:
-        fit(cfg, run, overwrite=True, progress=False, listeners=[marks_listener(marks, a.budget_s, a.mark_s)])
+        fit(cfg, run, overwrite=True, progress=False, listeners=[Marks(marks, a.budget_s, a.mark_s)])
     except BudgetSpent:
         pass
     shutil.copy(run / "config.yaml", marks / "config.yaml")  # each snapshot reads as a checkpoint of a run
@@ -168,6 +169,11 @@ def first_time_at(points: list[dict], target: float) -> float | None:
     return next((p["train_s"] for p in points if p["knn_top1"] >= target), None)
 
 
+def at_budget(points: list[dict], budget_s: float) -> float:
+    """The kNN of the last snapshot within the budget (a second of slack: the budget's own snapshot)."""
+    return [p for p in points if p["train_s"] <= budget_s + 1][-1]["knn_top1"]
+
+
 def summary(rows: list[dict], budget_s: float) -> list[str]:
     """Per seed: each side's kNN at the budget, the time ours took to reach the peer's, the targets."""
     lines = []
@@ -176,8 +182,7 @@ def summary(rows: list[dict], budget_s: float) -> list[str]:
         for row in [r for r in rows if r["seed"] == seed and r["side"] == "ours"]:
             if not peer_rows:
                 continue
-            theirs = [p for p in peer_rows[-1]["points"] if p["train_s"] <= budget_s + 1][-1]["knn_top1"]
-            mine = [p for p in row["points"] if p["train_s"] <= budget_s + 1][-1]["knn_top1"]
+            theirs, mine = at_budget(peer_rows[-1]["points"], budget_s), at_budget(row["points"], budget_s)
             reach = first_time_at(row["points"], theirs)
             when = f"{reach / 60:.1f} min" if reach is not None else "not reached"
             lines.append(f"seed {seed} {row['label']}: peer kNN {theirs:.4f} at {budget_s / 60:.0f} min; ours "

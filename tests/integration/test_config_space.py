@@ -23,7 +23,7 @@ from kontrast.cli import main
 from kontrast.config import merge, parse_override
 from kontrast.methods import METHODS
 from kontrast.methods.build import create_method, resolve, smallest_size
-from support.args import small_heads
+from support.args import HANG_LIMIT, small_heads
 from support.cli import cli_run
 from support.covering import all_pairs, covering_array, pairs_of
 
@@ -162,10 +162,6 @@ def train_args(cell: dict, data: Path, run: Path) -> list[str]:
     for item in sets:
         args += ["--set", item]
     return args
-
-
-# a rank stuck (not dead) ends the cell after 2 minutes rather than gloo's default 30
-HANG_LIMIT = "train.collective_timeout=120"
 
 
 def _cli(args: list[str], world: int, faults: str = "") -> tuple[int, str]:

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from kontrast.checkpoint import latest_checkpoint
 from kontrast.methods import METHODS
 from support import ROOT
+from support.args import HANG_LIMIT
 from support.cli import cli_run
 
 DISTRIBUTED = [name for name in METHODS.names() if METHODS.get(name).distributed]
@@ -95,9 +96,6 @@ LAYOUT = "train.channels_last=false"
 # amplifies past these tolerances (SimCLR on 2 ranks against 1: losses 0.27 apart after 16 steps of the fault runs)
 PRECISION = "train.precision=fp32"
 DATA = {"cpc": "sequences:48", "moco_v1": "shapes:96", "moco_v2": "shapes:96"}
-# a rank stuck rather than dead ends the run after 2 minutes, not after gloo's default 30, with each waiting rank's
-# line in stderr (the longest wait of these runs, rank 0 writing a checkpoint under CI's load, is seconds)
-HANG_LIMIT = "train.collective_timeout=120"
 
 
 def _env() -> dict:

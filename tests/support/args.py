@@ -18,7 +18,11 @@ def tiny_encoder(method: str) -> dict:
     return dict(TINY_VIT if METHODS.get(method).vit_only else TINY_ENCODER)
 TINY_SETTINGS = ["encoder.width=0.125", "data.size=16"]
 TINY = [arg for item in TINY_SETTINGS for arg in ("--set", item)] + ["--no-progress"]
-ONE_CPU_THREAD = ["train.num_threads=1", "train.device=cpu"]  # runs whose numbers a test compares bit for bit
+ONE_CPU_THREAD = ["train.num_threads=1", "train.device=cpu"]
+# runs on several processes: a rank stuck rather than dead ends the run after 2 minutes, not after gloo's default 30,
+# with each waiting rank's line in stderr (the longest wait of a healthy test run, rank 0 writing a checkpoint under
+# CI's load, is seconds)
+HANG_LIMIT = "train.collective_timeout=120"  # runs whose numbers a test compares bit for bit
 
 HEADS: dict[str, list[str]] = {
     "barlow_twins": ["method.proj_hidden=128", "method.proj_dim=128"],

@@ -77,7 +77,7 @@ def side_schedule(total_steps: int, low: int, high: int, ramp: tuple[float, floa
     self-supervised learning (Balestriero et al. 2023, "A Cookbook of Self-Supervised Learning",
     https://arxiv.org/abs/2304.12210). Small images make the early steps cheap; the last ones see ``high``.
     """
-    grid = math.lcm(SIDE_STEP, multiple)
+    grid = math.lcm(SIDE_STEP, multiple)  # every side it returns is one of ramp_sides(low, high, multiple) or high
     start, end = ramp[0] * total_steps, ramp[1] * total_steps
     sides = []
     for step in range(total_steps):
@@ -85,3 +85,9 @@ def side_schedule(total_steps: int, low: int, high: int, ramp: tuple[float, floa
         side = round((low + t * (high - low)) / grid) * grid  # FFCV: np.round(res / 32) * 32
         sides.append(min(high, max(low, side)))
     return sides
+
+
+def ramp_sides(low: int, high: int, multiple: int = 1) -> list[int]:
+    """The sides below ``high`` that :func:`side_schedule` can pick: ``low`` and the whole steps above it."""
+    grid = math.lcm(SIDE_STEP, multiple)
+    return sorted({low, *range(grid * (low // grid + 1), high, grid)})

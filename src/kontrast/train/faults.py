@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 
 from kontrast.train.events import Listener
 
@@ -114,8 +115,6 @@ class Faults(NoFaults):
         if step == self.kill_after:
             os.kill(os.getpid(), signal.SIGKILL)
         if step == self.stall_after:
-            import time
-
             signal.signal(signal.SIGTERM, signal.SIG_DFL)  # torchrun's SIGTERM ends it, as it would a stuck process
             while True:
                 time.sleep(60)

@@ -12,7 +12,6 @@ through: the data, the method, the optimizer, the lr and weight-decay schedules 
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -20,8 +19,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from kontrast.augment import ViewSpec, recipe_views, side_schedule, sized_view_maker, view_maker
-from kontrast.augment.spec import SIDE_STEP
+from kontrast.augment import ViewSpec, ramp_sides, recipe_views, side_schedule, sized_view_maker, view_maker
 from kontrast.checkpoint import PLAN_KEY, RUN_CONFIG
 from kontrast.config import Config, to_dict
 from kontrast.data import batch_indices
@@ -166,10 +164,9 @@ def _ramp_views(cfg: Config, recipe: str) -> tuple[tuple[int, tuple[ViewSpec, ..
     if low % multiple:
         raise UserError(f"augment.min_size ({low}) must be a multiple of the ViT's {multiple}-px patch; "
                         f"use {max(multiple, low // multiple * multiple)}")
-    grid = math.lcm(SIDE_STEP, multiple)
-    sides = sorted({low, *range(grid * (low // grid + 1), size, grid)})
     try:
-        return tuple((side, recipe_views(recipe, side, aug.view, aug.views, multiple)) for side in sides)
+        return tuple((side, recipe_views(recipe, side, aug.view, aug.views, multiple))
+                     for side in ramp_sides(low, size, multiple))
     except UserError as err:
         raise UserError(f"augment.min_size ({low}) is too small for {cfg.method.name}'s views: {err}; "
                         "set a larger augment.min_size") from None

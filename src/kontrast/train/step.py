@@ -100,8 +100,10 @@ def train_step(ctx: StepContext, indices: torch.Tensor, epoch_key: torch.Tensor,
     inputs = ctx.images[idx] if batch is None else [v.to(ctx.device, non_blocking=True) for v in batch.views]
     if ctx.make_views is None:  # a sequence method: the raw batch
         views = [inputs]
+    elif ctx.view_sides:  # progressive resolution: this step's side
+        views = ctx.make_views(inputs, idx, epoch_key, ctx.view_sides[step])
     else:
-        views = ctx.make_views(inputs, idx, epoch_key, *([ctx.view_sides[step]] if ctx.view_sides else []))
+        views = ctx.make_views(inputs, idx, epoch_key)
     if ctx.channels_last and ctx.make_views:
         views = [v.contiguous(memory_format=torch.channels_last) for v in views]
     buffers = [b.clone() for b in method.buffers()] if ctx.nonfinite == "skip" else None
