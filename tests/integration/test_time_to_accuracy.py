@@ -48,6 +48,9 @@ def test_the_summary_reads_time_to_the_peers_final_knn_and_the_margin_at_the_bud
     line, = tta.summary(rows, 1800.0)
     assert "peer kNN 0.6000 at 30 min; ours 0.6600 (+0.0600; target +0.05 met)" in line  # 1850 s is past the budget
     assert "ours reached the peer's in 15.0 min (target <= 15 min: met)" in line
+    late = [_row("peer", 0, [(1800, 0.60)]), _row("ours", 0, [(600, 0.55), (900.3, 0.61), (901.5, 0.62), (1800, 0.66)])]
+    assert "in 15.0 min (target <= 15 min: met)" in tta.summary(late, 1800.0)[0]  # the 15-min mark's snapshot, 0.3 s on
+    assert "(target <= 15 min: not met)" in tta.summary([late[0], _row("ours", 0, [(901.5, 0.62)])], 1800.0)[0]
     assert tta.first_time_at(rows[1]["points"], 0.7) == 1850 and tta.first_time_at(rows[1]["points"], 0.8) is None
 
 
