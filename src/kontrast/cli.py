@@ -77,6 +77,7 @@ def _reference() -> str:
 
 ERRORS_ENV = "KONTRAST_LAUNCH_ERRORS"  # set by --nproc's launcher for its workers: a folder for their input errors
 CONFIG_ENV = "KONTRAST_LAUNCH_CONFIG"  # ... and the config it resolved, which they read instead of resolving again
+NO_AGENT_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"  # torchrun's: the launcher serves no TCP store
 
 
 def _launch(nproc: int, argv: list[str], cfg) -> int:
@@ -99,16 +100,20 @@ def _launch(nproc: int, argv: list[str], cfg) -> int:
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default for several processes, without its warning
     start = "fork" if sys.platform == "linux" else "spawn"  # fork is unsafe on macOS; spawn imports afresh
+    errors = tempfile.TemporaryDirectory(prefix="kontrast-launch-")  # each worker's input error, said once below
     args = get_args_parser().parse_args([f"--nproc-per-node={nproc}", f"--start-method={start}", "-m", "kontrast.cli"])
-    args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())  # --standalone
-    args.master_port = 29500
+    # --standalone's rendezvous, in a file rather than a TCP store served from this process: the processes are
+    # forked from here, and a process forked while the store server's threads serve its siblings could hang before
+    # it joined the process group (seen in CI with 4 processes). Their own store is then served by rank 0.
+    args.rdzv_backend, args.rdzv_id, args.rdzv_conf = "c10d", str(uuid.uuid4()), "store_type=file"
+    args.rdzv_endpoint = str(Path(errors.name) / "rendezvous")
+    os.environ[NO_AGENT_STORE_ENV] = "1"
     # the launcher logs a worker's exit as a traceback of its own; the worker has said why (one line for an input
     # error, its own traceback for a crash) and the lines below name the rank
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     from kontrast.config import dump
 
     _say_launch(nproc, cfg.train.num_threads or int(os.environ["OMP_NUM_THREADS"]), start)
-    errors = tempfile.TemporaryDirectory(prefix="kontrast-launch-")  # each worker's input error, said once below
     os.environ[ERRORS_ENV] = errors.name
     os.environ[CONFIG_ENV] = str(Path(errors.name) / "resolved.yaml")
     dump(cfg, os.environ[CONFIG_ENV])
@@ -136,6 +141,7 @@ def _launch(nproc: int, argv: list[str], cfg) -> int:
     finally:
         os.environ.pop(ERRORS_ENV, None)
         os.environ.pop(CONFIG_ENV, None)
+        os.environ.pop(NO_AGENT_STORE_ENV, None)
         errors.cleanup()
     return 0
 
