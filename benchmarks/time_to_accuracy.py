@@ -189,10 +189,10 @@ def summary(rows: list[dict], budget_s: float) -> list[str]:
                 continue
             theirs, mine = at_budget(peer_rows[-1]["points"], budget_s), at_budget(row["points"], budget_s)
             reach = first_time_at(row["points"], theirs)
-            when = f"{reach / 60:.1f} min" if reach is not None else "not reached"
+            when = f"in {reach / 60:.1f} min" if reach is not None else "never"
             lines.append(f"seed {seed} {row['label']}: peer kNN {theirs:.4f} at {budget_s / 60:.0f} min; ours "
-                         f"{mine:.4f} (+{mine - theirs:.4f}; target +0.05 {'met' if mine - theirs >= 0.05 else 'not met'});"
-                         f" ours reached the peer's in {when} (target <= {budget_s / 120:g} min: "
+                         f"{mine:.4f} ({mine - theirs:+.4f}; target +0.05 {'met' if mine - theirs >= 0.05 else 'not met'});"
+                         f" ours reached the peer's {when} (target <= {budget_s / 120:g} min: "
                          f"{'met' if reach is not None and reach <= budget_s / 2 + MARK_SLACK_S else 'not met'})")
     return lines
 

@@ -52,6 +52,8 @@ def test_the_summary_reads_time_to_the_peers_final_knn_and_the_margin_at_the_bud
     assert "in 15.0 min (target <= 15 min: met)" in tta.summary(late, 1800.0)[0]  # the 15-min mark's snapshot, 0.3 s on
     assert "(target <= 15 min: not met)" in tta.summary([late[0], _row("ours", 0, [(901.5, 0.62)])], 1800.0)[0]
     assert tta.first_time_at(rows[1]["points"], 0.7) == 1850 and tta.first_time_at(rows[1]["points"], 0.8) is None
+    behind, = tta.summary([rows[0], _row("ours", 0, [(900, 0.50), (1800, 0.54)])], 1800.0)
+    assert "ours 0.5400 (-0.0600; target +0.05 not met); ours reached the peer's never (target" in behind
 
 
 def test_the_peers_pilot_rate_leaves_out_its_start_up():
