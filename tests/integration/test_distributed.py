@@ -389,8 +389,8 @@ sys.exit(main(sys.argv[1:]))
 def test_the_launcher_forks_its_processes_with_no_store_server_running(tmp_path):
     """The threads of the launcher each time it forks a process of ``--nproc 4``: its main thread and torchrun's
     rendezvous keep-alive timer (Python, asleep), no TCP store server. A store server's threads, busy with the
-    ranks already forked, are what a later rank can inherit half-way through a lock (in CI a rank once never
-    joined the process group); the rendezvous is a file and rank 0 serves the run's store."""
+    ranks already forked, are what a later rank can inherit half-way through a lock (in CI a late rank of 4 never
+    joined the process group, three times); the rendezvous is a file and rank 0 serves the run's store."""
     args = ["train", *_args(tmp_path / "run", "simclr", batch=24), "--nproc", "4"]
     run = subprocess.run([sys.executable, "-c", THREADS_AT_FORK, *args], capture_output=True, text=True, env=_env(),
                          timeout=600)
