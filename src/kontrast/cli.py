@@ -90,24 +90,14 @@ def _launch(nproc: int, argv: list[str], cfg) -> int:
     if "WORLD_SIZE" in os.environ:
         raise UserError("--nproc inside a torchrun launch: drop --nproc (torchrun already started the processes)")
     rest = _without_nproc(argv)  # each process runs the command under torchrun
-    import uuid
-
     import kontrast.train.loop  # noqa: F401  (imported before the fork: the processes share its pages)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
-    from torch.distributed.run import config_from_args, get_args_parser
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default for several processes, without its warning
     start = "fork" if sys.platform == "linux" else "spawn"  # fork is unsafe on macOS; spawn imports afresh
     errors = tempfile.TemporaryDirectory(prefix="kontrast-launch-")  # each worker's input error, said once below
-    args = get_args_parser().parse_args([f"--nproc-per-node={nproc}", f"--start-method={start}", "-m", "kontrast.cli"])
-    # --standalone's rendezvous, in a file rather than a TCP store served from this process: the processes are
-    # forked from here, and a process forked while the store server's threads serve its siblings could hang before
-    # it joined the process group (seen in CI with 4 processes). Their own store is then served by rank 0.
-    args.rdzv_backend, args.rdzv_id, args.rdzv_conf = "c10d", str(uuid.uuid4()), "store_type=file"
-    args.rdzv_endpoint = str(Path(errors.name) / "rendezvous")
-    os.environ[NO_AGENT_STORE_ENV] = "1"
     # the launcher logs a worker's exit as a traceback of its own; the worker has said why (one line for an input
     # error, its own traceback for a crash) and the lines below name the rank
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
@@ -118,7 +108,7 @@ def _launch(nproc: int, argv: list[str], cfg) -> int:
     os.environ[CONFIG_ENV] = str(Path(errors.name) / "resolved.yaml")
     dump(cfg, os.environ[CONFIG_ENV])
     try:  # torchrun's own launcher, in this process; each worker runs the command without --nproc
-        elastic_launch(config=config_from_args(args)[0], entrypoint=_worker)(rest)
+        elastic_launch(config=_torchrun_config(nproc, start, Path(errors.name)), entrypoint=_worker)(rest)
     except SignalException as exc:  # SIGTERM / SIGINT to the launcher: torchrun passed it on and waited for them
         import signal
 
@@ -144,6 +134,22 @@ def _launch(nproc: int, argv: list[str], cfg) -> int:
         os.environ.pop(NO_AGENT_STORE_ENV, None)
         errors.cleanup()
     return 0
+
+
+def _torchrun_config(nproc: int, start: str, folder: Path):
+    """torchrun's launch configuration for N processes on this node, as ``--standalone`` gives but for the
+    rendezvous: a file in ``folder`` rather than a TCP store served from this process. The processes are forked from
+    here, and a process forked while the store server's threads serve its siblings could hang before it joined the
+    process group (seen in CI with 4 processes). The run's own store is then served by rank 0."""
+    import uuid
+
+    from torch.distributed.run import config_from_args, get_args_parser
+
+    args = get_args_parser().parse_args([f"--nproc-per-node={nproc}", f"--start-method={start}", "-m", "kontrast.cli"])
+    args.rdzv_backend, args.rdzv_id, args.rdzv_conf = "c10d", str(uuid.uuid4()), "store_type=file"
+    args.rdzv_endpoint = str(folder / "rendezvous")
+    os.environ[NO_AGENT_STORE_ENV] = "1"
+    return config_from_args(args)[0]
 
 
 def _without_nproc(argv: list[str]) -> list[str]:
