@@ -106,6 +106,7 @@ def _launch(nproc: int, argv: list[str], cfg) -> int:
     _say_launch(nproc, cfg.train.num_threads or int(os.environ["OMP_NUM_THREADS"]), start)
     os.environ[ERRORS_ENV] = errors.name
     os.environ[CONFIG_ENV] = str(Path(errors.name) / "resolved.yaml")
+    os.environ[NO_AGENT_STORE_ENV] = "1"  # read by torchrun's rendezvous: rank 0 serves the run's store
     dump(cfg, os.environ[CONFIG_ENV])
     try:  # torchrun's own launcher, in this process; each worker runs the command without --nproc
         elastic_launch(config=_torchrun_config(nproc, start, Path(errors.name)), entrypoint=_worker)(rest)
@@ -147,8 +148,7 @@ def _torchrun_config(nproc: int, start: str, folder: Path):
 
     args = get_args_parser().parse_args([f"--nproc-per-node={nproc}", f"--start-method={start}", "-m", "kontrast.cli"])
     args.rdzv_backend, args.rdzv_id, args.rdzv_conf = "c10d", str(uuid.uuid4()), "store_type=file"
-    args.rdzv_endpoint = str(folder / "rendezvous")
-    os.environ[NO_AGENT_STORE_ENV] = "1"
+    args.rdzv_endpoint = str(folder / "rendezvous")  # with NO_AGENT_STORE_ENV set: no TCP store served from here
     return config_from_args(args)[0]
 
 
