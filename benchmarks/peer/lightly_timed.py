@@ -3,8 +3,8 @@
 Runs in the peer's own virtual environment (benchmarks/setup_peer.sh). The training is the recipe of
 ``../shared/bench/lightly_simclr.py`` (lightly's CIFAR-10 benchmark: ``SimCLRTransform(input_size=32,
 cj_strength=0.5, gaussian_blur=0)``, an ImageFolder ``DataLoader``, ``ResNetGenerator`` at ``--width``,
-``SimCLRProjectionHead(d, d, 128)``, ``NTXentLoss(0.5)``, SGD lr 0.06 x batch / 256, momentum 0.9, weight decay
-5e-4, cosine over ``--steps``), with two additions for timing:
+``SimCLRProjectionHead(d, d, 128)``, ``NTXentLoss(0.5)`` (``--temperature``), SGD lr 0.06 x batch / 256,
+momentum 0.9, weight decay 5e-4, cosine over ``--steps``), with two additions for timing:
 
 - ``--budget-s``: training stops when its clock reaches this (or after ``--steps``, whichever comes first);
 - ``--mark-s``: each time the clock passes a multiple of it, the backbone's weights are saved to ``--out``
@@ -69,7 +69,7 @@ def train(a) -> None:
     model = nn.Sequential(backbone, head)
     if a.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    criterion = NTXentLoss(temperature=0.5)
+    criterion = NTXentLoss(temperature=a.temperature)
     optimizer = torch.optim.SGD(model.parameters(), lr=6e-2 * a.batch / 256, momentum=0.9, weight_decay=5e-4)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, a.steps)
     clock, paused, step, next_mark = time.perf_counter(), 0.0, 0, a.mark_s
@@ -144,6 +144,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--width", type=float, default=0.25)
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--steps", type=int, default=1000, help="the cosine schedule's length")
+    p.add_argument("--temperature", type=float, default=0.5, help="NT-Xent's temperature (lightly's benchmark: 0.5)")
     p.add_argument("--budget-s", type=float, default=1800.0)
     p.add_argument("--mark-s", type=float, default=300.0)
     p.add_argument("--bf16", action="store_true")

@@ -167,10 +167,12 @@ def _say_launch(nproc: int, threads: int, start: str) -> None:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     print(f"launching {nproc} processes on this node (torchrun, {start}), {threads} thread(s) each; rank 0 "
           f"speaks for the run", flush=True)
-    if nproc * threads > cores:
+    if nproc * threads > cores:  # the remedies that change something: fewer processes, or fewer threads each
+        fewer_procs, fewer_threads = max(1, cores // threads), max(1, cores // nproc)
+        remedies = ([f"--nproc {fewer_procs}"] if fewer_procs < nproc else []) + (
+            [f"--set train.num_threads={fewer_threads}"] if fewer_threads < threads else [])
         print(f"warning: {nproc} processes x {threads} threads > {cores} cores: they will slow each other; use "
-              f"--nproc {max(1, cores // threads)} or --set train.num_threads={max(1, cores // nproc)}",
-              file=sys.stderr, flush=True)
+              f"{' or '.join(remedies)}", file=sys.stderr, flush=True)
 
 
 def _say_errors(folder: Path) -> None:

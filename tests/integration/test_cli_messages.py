@@ -168,6 +168,17 @@ def test_nproc_says_what_it_launched_and_warns_on_more_threads_than_cores(tmp_pa
     assert r.stderr.count("data.size 8 is too small for dino") == 1
 
 
+@pytest.mark.parametrize("nproc, threads, remedies", [(3, 1, "use --nproc 2\n"),
+                                                       (1, 4, "use --set train.num_threads=2\n"),
+                                                       (2, 2, "use --nproc 1 or --set train.num_threads=1\n")])
+def test_the_thread_warning_names_only_remedies_that_change_something(nproc, threads, remedies, capsys, monkeypatch):
+    from kontrast import cli
+
+    monkeypatch.setattr(cli.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)  # 2 cores
+    cli._say_launch(nproc, threads, "fork")
+    assert capsys.readouterr().err.endswith(f"threads > 2 cores: they will slow each other; {remedies}")
+
+
 def test_load_images_all_is_train_and_test_in_path_order():
     from kontrast.data import load_images
 

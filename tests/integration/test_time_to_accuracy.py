@@ -46,7 +46,8 @@ def test_the_summary_reads_time_to_the_peers_final_knn_and_the_margin_at_the_bud
     rows = [_row("peer", 0, [(300, 0.40), (900, 0.50), (1800, 0.60)]),
             _row("ours", 0, [(300, 0.45), (600, 0.55), (900, 0.61), (1800, 0.66), (1850, 0.70)])]
     line, = tta.summary(rows, 1800.0)
-    assert "peer kNN 0.6000 at 30 min; ours 0.6600 (+0.0600; target +0.05 met)" in line  # 1850 s is past the budget
+    # 1850 s is past the budget:
+    assert "peer (peer) kNN 0.6000 at 30 min; ours 0.6600 (+0.0600; target +0.05 met)" in line
     assert "ours reached the peer's in 15.0 min (target <= 15 min: met)" in line
     late = [_row("peer", 0, [(1800, 0.60)]), _row("ours", 0, [(600, 0.55), (900.3, 0.61), (901.5, 0.62), (1800, 0.66)])]
     assert "in 15.0 min (target <= 15 min: met)" in tta.summary(late, 1800.0)[0]  # the 15-min mark's snapshot, 0.3 s on
@@ -54,6 +55,10 @@ def test_the_summary_reads_time_to_the_peers_final_knn_and_the_margin_at_the_bud
     assert tta.first_time_at(rows[1]["points"], 0.7) == 1850 and tta.first_time_at(rows[1]["points"], 0.8) is None
     behind, = tta.summary([rows[0], _row("ours", 0, [(900, 0.50), (1800, 0.54)])], 1800.0)
     assert "ours 0.5400 (-0.0600; target +0.05 not met); ours reached the peer's never (target" in behind
+    tuned = {**_row("peer", 0, [(900, 0.55), (1800, 0.63)]), "label": "lightly tau0.2"}  # the peer's best setting
+    for order in ([rows[0], tuned], [tuned, rows[0]]):
+        line, = tta.summary([*order, rows[1]], 1800.0)
+        assert "peer (lightly tau0.2) kNN 0.6300 at 30 min; ours 0.6600 (+0.0300; target +0.05 not" in line
 
 
 def test_the_peers_pilot_rate_leaves_out_its_start_up():
