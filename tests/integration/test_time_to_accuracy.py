@@ -9,6 +9,7 @@ import importlib.util
 import json
 import sys
 
+import pytest
 import yaml
 
 from kontrast.evaluate.run import load_run
@@ -65,3 +66,16 @@ def test_the_peers_pilot_rate_leaves_out_its_start_up():
     log = "step 50/100000 loss 5.5 train_s 45\nstep 100/100000 loss 5.4 train_s 83\nstep 150/100000 loss 5.3 train_s 121\n"
     assert tta.steady_rate(log, {"step": 160, "train_s": 130.0}) == 100 / 76  # 1.32, not 160 / 130 = 1.23
     assert tta.steady_rate("step 50/100000 loss 5.5 train_s 45\n", {"step": 60, "train_s": 60.0}) == 1.0
+
+
+def test_the_plot_refuses_a_label_no_row_has(tmp_path, capsys):
+    rows = [_row("peer", 0, [(1800, 0.60)]), _row("ours", 0, [(1800, 0.66)])]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps({**r, "budget_s": 1800.0}) + "\n" for r in rows))
+    args = ["--report", "--out", str(tmp_path / "rows.jsonl"), "--plot", str(tmp_path / "curves.png"), "--plot-labels"]
+    with pytest.raises(SystemExit) as exit_:
+        tta.main([*args, "ours,tau0.2"])
+    assert exit_.value.code == 2
+    assert "error: no row is labelled 'tau0.2'; the labels are ours, peer" in capsys.readouterr().err
+    assert not (tmp_path / "curves.png").exists()
+    tta.main([*args, "ours"])
+    assert (tmp_path / "curves.png").stat().st_size > 0
