@@ -282,10 +282,11 @@ def main(argv=None) -> None:
     rows = list(latest.values())  # a rerun replaces its earlier row here; the file keeps both
     print("\n".join(summary(rows, a.budget_s)))
     if a.plot:
-        chosen = a.plot_labels.split(",") if a.plot_labels else sorted({r["label"] for r in rows})
-        if unknown := [label for label in chosen if label not in {r["label"] for r in rows}]:
-            print(f"error: no row is labelled {', '.join(map(repr, unknown))}; the labels are "
-                  f"{', '.join(sorted({r['label'] for r in rows}))}", file=sys.stderr)
+        labels = sorted({r["label"] for r in rows})
+        chosen = a.plot_labels.split(",") if a.plot_labels else labels
+        if unknown := [label for label in chosen if label not in labels]:
+            print(f"error: no row is labelled {', '.join(map(repr, unknown))}; the labels are {', '.join(labels)}",
+                  file=sys.stderr)
             sys.exit(2)
         plot([r for r in rows if r["label"] in chosen], a.plot, a.budget_s)
         print(f"plot: {a.plot}")
