@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
 # On a machine with a CUDA GPU: (1) the configuration-space test on the GPU (nccl for its two-process cells when
 # two GPUs are present), (2) one timed SimCLR epoch at the published fast setting (ResNet-18, batch 512, CIFAR-10,
-# bf16; dkobak/simclr-cifar10 reports 11.9 s/epoch on an A100), (3) gradient caching's peak memory at batch 1024
-# (benchmarks/accumulate_memory.py). Prints what it measured and the commands.
+# bf16; dkobak/simclr-cifar10 reports 11.9 s/epoch on an A100), (3) the distributed path at world size 1 against
+# a plain process (benchmarks/world_size_one.sh, nccl), (4) gradient caching's peak memory at batch 1024
+# (benchmarks/accumulate_memory.py), (5) time to accuracy: the fast recipe (configs/simclr_cifar_fast.yaml) at full
+# width, batch 512, for TTA_MIN minutes of training, its kNN every TTA_MARK minutes and the minutes it took to reach
+# 85 % and 90 % (dkobak/simclr-cifar10: 91.4 % after 1000 epochs on an A100; lightly's table: SimCLR 84.7 % after
+# 200 epochs, 97.7 minutes on an A6000). Prints what it measured and the commands.
 #
 #   bash benchmarks/gpu.sh                 # from the repo root, after `make` set up .venv
-#   CIFAR=/path/cifar10-jpeg.tar.gz EPOCHS=2 bash benchmarks/gpu.sh
+#   CIFAR=/path/cifar10-jpeg.tar.gz EPOCHS=2 TTA_MIN=20 TTA_EPOCHS=100 bash benchmarks/gpu.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PY:-.venv/bin/python}"
 CIFAR="${CIFAR:-../shared/data/cifar10-jpeg.tar.gz}"
 EPOCHS="${EPOCHS:-2}"
 OUT="${OUT:-runs/gpu}"
+TTA_MIN="${TTA_MIN:-20}"        # training minutes of the time-to-accuracy run (0: skip it)
+TTA_MARK="${TTA_MARK:-2.5}"     # a kNN snapshot every this many minutes of training
+TTA_EPOCHS="${TTA_EPOCHS:-100}" # its cosine schedule (cut by TTA_MIN if the GPU is slower than that)
 
 gpus=$("$PY" -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)")
 if [ "$gpus" = "0" ]; then
@@ -47,5 +54,19 @@ print(f"SimCLR ResNet-18 bf16 batch 512: {summary['img_per_s']} img/s over {epoc
       f"{summary['final_loss']}")
 PYEOF
 
+echo "== the distributed path at world size 1: torchrun (nccl, one rank) against a plain process (world_size_one.sh)"
+DEVICE=cuda DATA="$CIFAR" OUT="$OUT-ws1" bash benchmarks/world_size_one.sh 2>&1 | tail -n 3
+
 echo "== gradient caching: SimCLR ResNet-18 batch 1024, K = 1, 4, 16, torch.cuda.max_memory_allocated (docs/memory.md)"
 "$PY" benchmarks/accumulate_memory.py --device cuda --out "$OUT-accumulate.jsonl" 2>&1 | tail -n 5
+
+if [ "$TTA_MIN" != "0" ]; then
+  echo "== time to accuracy: configs/simclr_cifar_fast.yaml at width 1.0, batch 512, $TTA_EPOCHS epochs, $TTA_MIN min"
+  rm -rf "$OUT-tta" "$OUT-tta.jsonl"
+  cmd=("$PY" benchmarks/time_to_accuracy.py --data "$CIFAR" --sides ours --seeds 0 --label gpu-w1-b512
+       --budget-min "$TTA_MIN" --mark-min "$TTA_MARK" --set train.device=cuda --set encoder.width=1.0
+       --set train.batch_size=512 --set train.epochs="$TTA_EPOCHS" --eval-device cuda --targets 0.85,0.9
+       --work "$OUT-tta" --out "$OUT-tta.jsonl")
+  echo "${cmd[*]}"
+  "${cmd[@]}" 2>&1 | tail -n 3
+fi

@@ -14,7 +14,8 @@ drift in the machine's speed falls on both.
   benchmarks/setup_peer.sh) at ``--peer-width``, ``--peer-batch``, ``--peer-precision`` and ``--peer-temperature``
   (lightly's 0.5 by default; its label names any other); its cosine schedule
   is fitted to the budget: a pilot of ``--pilot-s`` seconds measures its steady steps per second (after its first
-  50 steps), and the schedule gets the steps that fill 98 % of the budget.
+  50 steps), and the schedule gets the steps that fill 98 % of the budget (``--peer-schedule``: another share;
+  above 1 the budget cuts the schedule, as it does kontrast's recipe; its label then says so).
 
 Both clocks count the training loop only: not the process start, the dataset's indexing or, for kontrast, the
 one-time decoding of the JPEGs into its cache (the peer decodes every image at every step, inside its clock;
@@ -26,6 +27,9 @@ snapshot's time and kNN); the summary (time to the peer's final kNN, final kNN o
         --peer-python runs/peer/venv/bin/python --peer-data runs/peer/data/cifar10 --seeds 0,1 \\
         --plot docs/figures/time_to_accuracy.png
     .venv/bin/python benchmarks/time_to_accuracy.py --report [--plot PNG]    # the summary of the rows there
+
+On a GPU (benchmarks/gpu.sh runs this): kontrast's side alone, scored on the GPU, with the minutes it took to
+reach given kNN levels (``--targets 0.85,0.9``), e.g. ``--sides ours --set train.device=cuda --eval-device cuda``.
 """
 
 from __future__ import annotations
@@ -127,7 +131,7 @@ def ours(a, seed: int) -> dict:
     for snap in snaps:
         ckpt = out / "marks/checkpoints" / f"step-{snap['step']:08d}"
         evaluated, _ = run_child([str(ROOT / ".venv/bin/kontrast"), "eval", "--checkpoint", str(ckpt), "--no-linear",
-                                  "--no-clustering", "--json"], a.work / "eval.log")
+                                  "--no-clustering", "--json", "--device", a.eval_device], a.work / "eval.log")
         points.append({**snap, "knn_top1": evaluated[-1]["knn_top1"]})
     return {"side": "ours", "label": a.label, "seed": seed, "points": points, "process_s": round(process_s, 1),
             "command": shlex.join(cmd)}
@@ -135,16 +139,17 @@ def ours(a, seed: int) -> dict:
 
 def peer(a, seed: int) -> dict:
     """One peer run: a pilot for its seconds per step, the run with its schedule fitted to the budget, kNN."""
+    longer = f" x{a.peer_schedule:g}" if a.peer_schedule != 0.98 else ""  # rows before these options: 0.98, 0.5
     label = f"lightly w{a.peer_width} b{a.peer_batch} {a.peer_precision}" + (
-        f" tau{a.peer_temperature:g}" if a.peer_temperature != 0.5 else "")  # rows before the option: lightly's 0.5
-    out = a.work / f"peer-t{a.peer_temperature:g}-s{seed}"
+        f" tau{a.peer_temperature:g}" if a.peer_temperature != 0.5 else "") + longer
+    out = a.work / f"peer-t{a.peer_temperature:g}{longer.strip()}-s{seed}"
     base = [a.peer_python, str(PEER_SCRIPT), "train", "--data", a.peer_data, "--seed", str(seed), "--width",
             str(a.peer_width), "--batch", str(a.peer_batch), "--temperature", str(a.peer_temperature), "--workers", "0",
             *(["--bf16", "--channels-last"] if a.peer_precision == "bf16_cl" else [])]
     log = a.work / f"{out.name}-pilot.log"
     pilot, _ = run_child([*base, "--out", str(out / "pilot"), "--steps", "100000", "--budget-s", str(a.pilot_s),
                           "--mark-s", "1e9"], log)
-    steps = int(0.98 * a.budget_s * steady_rate(log.read_text(), pilot[-1]))
+    steps = int(a.peer_schedule * a.budget_s * steady_rate(log.read_text(), pilot[-1]))
     cmd = [*base, "--out", str(out), "--steps", str(steps), "--budget-s", str(a.budget_s), "--mark-s", str(a.mark_s)]
     for stale in out.glob("mark-*.pt"):  # an earlier sitting's snapshots: the evaluation scores every one in out
         stale.unlink()
@@ -203,6 +208,23 @@ def summary(rows: list[dict], budget_s: float) -> list[str]:
     return lines
 
 
+def reached(rows: list[dict], targets: list[float], budget_s: float) -> list[str]:
+    """Per kontrast row: its kNN at the budget and the minutes its snapshots took to reach each of ``targets``
+    (no peer needed: on a GPU, minutes to 85 % and 90 % against the published runs)."""
+    lines = []
+    for row in sorted((r for r in rows if r["side"] == "ours"), key=lambda r: (r["seed"], r["label"])):
+        within = [p for p in row["points"] if p["train_s"] <= budget_s + MARK_SLACK_S]
+        if not within:
+            lines.append(f"seed {row['seed']} {row['label']}: no snapshot within the budget")
+            continue
+        times = [first_time_at(within, target) for target in targets]
+        said = [f"{target:g} in {t / 60:.1f} min" if t is not None else f"{target:g} not within the budget"
+                for target, t in zip(targets, times)]
+        lines.append(f"seed {row['seed']} {row['label']}: kNN {within[-1]['knn_top1']:.4f} at "
+                     f"{within[-1]['train_s'] / 60:.1f} min (step {within[-1].get('step', '?')}); {', '.join(said)}")
+    return lines
+
+
 def plot(rows: list[dict], path: Path, budget_s: float) -> None:
     import matplotlib
 
@@ -226,6 +248,14 @@ def plot(rows: list[dict], path: Path, budget_s: float) -> None:
     fig.savefig(path, dpi=120)
 
 
+def levels(text: str) -> list[float]:
+    """``--targets``: kNN levels, each in [0, 1]."""
+    values = [float(t) for t in text.split(",")]
+    if not all(0 <= v <= 1 for v in values):
+        raise ValueError(text)
+    return values
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", help="CIFAR-10 as kontrast reads it (the tar)")
@@ -243,13 +273,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--peer-batch", type=int, default=256)
     p.add_argument("--peer-precision", choices=["bf16_cl", "fp32"], default="bf16_cl")
     p.add_argument("--peer-temperature", type=float, default=0.5, help="the peer's NT-Xent temperature")
+    p.add_argument("--peer-schedule", type=float, default=0.98,
+                   help="the peer's cosine schedule in budgets at its pilot's pace (above 1: the budget cuts it)")
     p.add_argument("--pilot-s", type=float, default=150.0, help="the peer's pilot, to fit its schedule to the budget")
     p.add_argument("--work", type=Path, default=ROOT / "runs/time_to_accuracy")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/time_to_accuracy.jsonl")
     p.add_argument("--plot", type=Path)
     p.add_argument("--plot-labels", help="comma-separated labels to draw (default: every row's)")
+    p.add_argument("--eval-device", default="cpu", help="where kontrast's snapshots are scored (cpu, cuda, ...)")
+    p.add_argument("--targets", type=levels, help="comma-separated kNN levels (e.g. 0.85,0.9): print the minutes each "
+                   "kontrast row took to reach them")
     p.add_argument("--report", action="store_true", help="only the summary (and --plot) of the rows in --out")
     a = p.parse_args(argv)
+    if a.peer_schedule <= 0:
+        p.error(f"--peer-schedule must be above 0 (a share of the budget, e.g. 0.98 or 1.3), not {a.peer_schedule:g}")
     a.budget_s, a.mark_s = a.budget_min * 60, a.mark_min * 60
     return a
 
@@ -281,6 +318,8 @@ def main(argv=None) -> None:
     latest = {(r["side"], r["label"], r["seed"]): r for r in rows if r["budget_s"] == a.budget_s}
     rows = list(latest.values())  # a rerun replaces its earlier row here; the file keeps both
     print("\n".join(summary(rows, a.budget_s)))
+    if a.targets:
+        print("\n".join(reached(rows, a.targets, a.budget_s)))
     if a.plot:
         labels = sorted({r["label"] for r in rows})
         chosen = a.plot_labels.split(",") if a.plot_labels else labels

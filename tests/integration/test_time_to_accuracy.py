@@ -79,3 +79,56 @@ def test_the_plot_refuses_a_label_no_row_has(tmp_path, capsys):
     assert not (tmp_path / "curves.png").exists()
     tta.main([*args, "ours"])
     assert (tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_ours_side_end_to_end_scores_each_snapshot_and_reports_minutes_to_targets(tmp_path, capsys):
+    """The whole kontrast side as benchmarks/gpu.sh runs it (there on cuda, here on the CPU): train for the budget,
+    score every snapshot with ``kontrast eval``, write the row, print the minutes to each kNN level."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "method": {"name": "simclr"}, "data": {"size": 16}, "encoder": {"width": 0.125}, "augment": {"min_size": 8},
+        "train": {"epochs": 1000, "batch_size": 16, "num_threads": 1}, "eval": {"knn_k": 5}}))
+    out = tmp_path / "rows.jsonl"
+    tta.main(["--data", "shapes:64", "--recipe", str(recipe), "--sides", "ours", "--seeds", "0", "--label", "tiny",
+              "--budget-min", "0.05", "--mark-min", "0.025", "--set", "train.device=cpu", "--eval-device", "cpu",
+              "--targets", "0.0", "--work", str(tmp_path / "work"), "--out", str(out)])
+    row, = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["side"] == "ours" and row["label"] == "tiny" and len(row["points"]) >= 2
+    assert all(0.0 <= p["knn_top1"] <= 1.0 for p in row["points"])
+    assert row["points"][-1]["reason"] == "end: budget"
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith(f"seed 0 tiny: kNN {row['points'][-1]['knn_top1']:.4f} at ")
+    first = row["points"][0]["train_s"] / 60
+    assert line.endswith(f"; 0 in {first:.1f} min")
+    curve = _row("ours", 1, [(150, 0.80), (300, 0.86), (1850, 0.95)])  # 1850 s is past the budget
+    assert tta.reached([curve], [0.85, 0.9], 1800.0) == [
+        "seed 1 ours: kNN 0.8600 at 5.0 min (step ?); 0.85 in 5.0 min, 0.9 not within the budget"]
+    for bad in ("85,90", "0.85,x"):  # percentages, a typo: one line, exit 2
+        with pytest.raises(SystemExit) as exit_:
+            tta.parse_args(["--targets", bad])
+        assert exit_.value.code == 2 and f"--targets: invalid levels value: '{bad}'" in capsys.readouterr().err
+
+
+def test_the_peers_schedule_share_and_temperature_name_its_row_and_size_its_schedule(tmp_path, monkeypatch):
+    """The peer's side with its processes faked: the pilot's pace sizes the schedule (0.98 of the budget by default,
+    1.3 with --peer-schedule 1.3), and a setting other than the defaults is in the label and the work folder."""
+    calls = []
+
+    def fake_run_child(cmd, log):
+        calls.append(cmd)
+        if "evaluate" in cmd:
+            return [{"train_s": 60.0, "knn_top1": 0.5}], 1.0
+        if "pilot" in cmd[cmd.index("--out") + 1]:
+            log.write_text("step 50/100000 loss 5 train_s 40\nstep 150/100000 loss 5 train_s 140\n")
+            return [{"step": 160, "train_s": 150.0}], 1.0
+        return [{"step": 60, "train_s": 60.0, "reason": "end: budget"}], 1.0
+
+    monkeypatch.setattr(tta, "run_child", fake_run_child)
+    base = ["--peer-python", "py", "--peer-data", "d", "--budget-min", "10", "--work", str(tmp_path)]
+    default = tta.peer(tta.parse_args(base), 0)
+    assert default["label"] == "lightly w0.25 b256 bf16_cl" and default["schedule_steps"] == int(0.98 * 600)
+    assert str(tmp_path / "peer-t0.5-s0") in calls[1]
+    tuned = tta.peer(tta.parse_args([*base, "--peer-temperature", "0.2", "--peer-schedule", "1.3"]), 1)
+    assert tuned["label"] == "lightly w0.25 b256 bf16_cl tau0.2 x1.3" and tuned["schedule_steps"] == int(1.3 * 600)
+    assert str(tmp_path / "peer-t0.2x1.3-s1") in calls[4] and calls[4][calls[4].index("--temperature") + 1] == "0.2"
+    assert tuned["points"] == [{"step": 60, "train_s": 60.0, "reason": "end: budget", "knn_top1": 0.5}]
