@@ -182,9 +182,14 @@ def first_time_at(points: list[dict], target: float) -> float | None:
     return next((p["train_s"] for p in points if p["knn_top1"] >= target), None)
 
 
+def within_budget(points: list[dict], budget_s: float) -> list[dict]:
+    """The snapshots taken within the budget (the budget's own snapshot included)."""
+    return [p for p in points if p["train_s"] <= budget_s + MARK_SLACK_S]
+
+
 def at_budget(points: list[dict], budget_s: float) -> float:
-    """The kNN of the last snapshot within the budget (the budget's own snapshot included)."""
-    return [p for p in points if p["train_s"] <= budget_s + MARK_SLACK_S][-1]["knn_top1"]
+    """The kNN of the last snapshot within the budget."""
+    return within_budget(points, budget_s)[-1]["knn_top1"]
 
 
 def summary(rows: list[dict], budget_s: float) -> list[str]:
@@ -213,7 +218,7 @@ def reached(rows: list[dict], targets: list[float], budget_s: float) -> list[str
     (no peer needed: on a GPU, minutes to 85 % and 90 % against the published runs)."""
     lines = []
     for row in sorted((r for r in rows if r["side"] == "ours"), key=lambda r: (r["seed"], r["label"])):
-        within = [p for p in row["points"] if p["train_s"] <= budget_s + MARK_SLACK_S]
+        within = within_budget(row["points"], budget_s)
         if not within:
             lines.append(f"seed {row['seed']} {row['label']}: no snapshot within the budget")
             continue
