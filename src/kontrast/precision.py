@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import contextlib
 
+import os
+
 import torch
 from torch import nn
 
@@ -28,6 +30,9 @@ from kontrast.errors import UserError
 
 PRECISIONS = ("auto", "fp32", "bf16")
 CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags of native bf16 arithmetic
+# oneDNN instruction sets below native bf16: ONEDNN_MAX_CPU_ISA set to one of these keeps oneDNN off bf16 instructions
+# (https://uxlfoundation.github.io/oneDNN/dev_guide_cpu_dispatcher_control.html), as on a CPU without them
+ONEDNN_ISA_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
 ONEDNN_IC_BLOCK = 16  # input channels per block of oneDNN's fp32 AVX-512 kernels (8 on AVX2)
 ONEDNN_ISSUE = "https://github.com/uxlfoundation/oneDNN/issues/6035"
 
@@ -44,6 +49,17 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+def kernels_capped() -> str:
+    """Why PyTorch's and oneDNN's kernels run below this CPU's bf16 instructions (``ATEN_CPU_CAPABILITY`` under
+    AVX-512, ``ONEDNN_MAX_CPU_ISA`` below AVX512_CORE_BF16: how a machine computes as an older one does); ``""``
+    when they are not capped."""
+    aten = torch.backends.cpu.get_cpu_capability()
+    if aten not in ("AVX512", "AMX"):  # AMX: a capability name of later PyTorch builds
+        return f"PyTorch's kernels are capped at {aten}"
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    return f"ONEDNN_MAX_CPU_ISA={isa}" if isa in ONEDNN_ISA_WITHOUT_BF16 else ""
+
+
 def native_bf16(device: torch.device | str) -> tuple[bool, str]:
     """(whether ``device`` computes bf16 natively, the reason in words)."""
     device = torch.device(device)
@@ -53,6 +69,9 @@ def native_bf16(device: torch.device | str) -> tuple[bool, str]:
     if device.type == "cpu":
         capability = torch.backends.cpu.get_cpu_capability()
         found = sorted(set(CPU_BF16_FLAGS) & cpu_flags())
+        capped = kernels_capped()
+        if found and capped:
+            return False, f"CPU {capability} with {' and '.join(found)}, but {capped}"
         if found:
             return True, f"CPU {capability} with {' and '.join(found)}"
         return False, f"CPU {capability} without AMX or AVX512-BF16"

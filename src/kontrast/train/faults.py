@@ -16,6 +16,9 @@ comma-separated list of ``name=value``:
   process stuck in a driver or a lock; the others wait at their next collective for ``train.collective_timeout``.
 * ``kill_in_checkpoint=N``: ``SIGKILL`` while the checkpoint of step N is half written.
 * ``nan_at_step=N[+M...]``: make the loss of step(s) N (1-based) NaN.
+* ``nudge_weights=N``: before the first step, move every floating-point parameter of the method N units in the
+  last place up or down (a fixed random sign per value; exact zeros stay): a change that must not matter, at the scale of rounding.
+  The equality tests measure their floor with it (how far the same run drifts from so small a change).
 * ``trace=PATH``: append ``{"step", "epoch", "indices"}`` per step to PATH (JSON lines).
 * ``rank=R``: only the process of rank R (``$RANK`` under torchrun) has the faults; others run normally.
 
@@ -66,6 +69,7 @@ class Faults(NoFaults):
         self.signal_group = spec.get("signal_group", "0") == "1"
         self.nan_steps = {int(s) for s in spec.get("nan_at_step", "").split("+") if s}
         self.trace_path = spec.get("trace")
+        self.nudge_ulps = int(spec.get("nudge_weights", 0))
 
     @classmethod
     def from_env(cls) -> NoFaults:
@@ -80,6 +84,8 @@ class Faults(NoFaults):
         ``signal_in_step``: a hook on the encoder's forward that sends the signal in the middle of that step."""
         if self.signal_in > 0:
             loop.ctx.method.encoder.register_forward_pre_hook(self._mid_step)
+        if self.nudge_ulps:
+            nudge_weights(loop.ctx.method, self.nudge_ulps)
         if not self.nan_steps:
             return
         method = loop.ctx.method
@@ -127,3 +133,20 @@ class Faults(NoFaults):
         """Called halfway through writing checkpoint ``step``."""
         if step == self.kill_in_checkpoint:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def nudge_weights(module, ulps: int, seed: int = 0) -> None:
+    """Every floating-point parameter of ``module`` ``ulps`` units in the last place up or down, the sign drawn per
+    value from ``seed``: the same nudge on every process and machine."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            if not p.is_floating_point():
+                continue
+            up = torch.rand(p.shape, generator=g) < 0.5
+            towards = torch.where(up, torch.inf, -torch.inf).to(p.device, p.dtype)  # [*p.shape]
+            towards = torch.where(p == 0, p, towards)  # an exact zero stays: a zero-initialised block or bias is
+            for _ in range(ulps):  # a branch (LARS's zero-norm trust ratio), not a value rounding can reach
+                p.copy_(torch.nextafter(p, towards))

@@ -17,10 +17,25 @@ from kontrast.precision import channels_last_hazard, choose_precision, native_bf
 ])
 def test_cpu_bf16_is_native_only_with_amx_or_avx512_bf16(monkeypatch, flags, native):
     monkeypatch.setattr(precision, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(precision, "kernels_capped", lambda: "")  # whatever kernel set this suite runs under
     assert native_bf16("cpu")[0] is native
     chosen, layout, line = choose_precision("auto", "auto", "cpu")
     assert (chosen, layout) == ("bf16" if native else "fp32", True)  # oneDNN's convolutions prefer NHWC either way
     assert line.startswith(f"numerics: precision {chosen} (auto), channels_last on (auto)")
+
+
+@pytest.mark.parametrize("aten, isa, capped", [
+    ("AVX512", "", False), ("AVX512", "AVX512_CORE_BF16", False), ("AVX512", "avx2", True),
+    ("AVX512", "AVX512_CORE", True), ("AVX2", "", True), ("DEFAULT", "", True),
+])
+def test_kernels_capped_below_bf16_take_the_fp32_path(monkeypatch, aten, isa, capped):
+    """ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA make an AVX512-BF16 machine compute as an older CPU: auto is fp32."""
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: aten)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", isa)
+    assert bool(precision.kernels_capped()) is capped
+    assert native_bf16("cpu")[0] is not capped
+    assert choose_precision("auto", "auto", "cpu")[0] == ("fp32" if capped else "bf16")
 
 
 def test_channels_last_is_auto_on_a_device_only_with_native_bf16():
@@ -38,6 +53,7 @@ def test_set_values_win_over_auto(monkeypatch):
 
 def test_autocast_resolves_auto(monkeypatch):
     monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx512_bf16"})
+    monkeypatch.setattr(precision, "kernels_capped", lambda: "")  # whatever kernel set this suite runs under
     with precision.autocast("cpu", "auto"):
         assert torch.is_autocast_enabled("cpu")
     monkeypatch.setattr(precision, "cpu_flags", lambda: set())
