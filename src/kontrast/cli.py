@@ -75,47 +75,47 @@ def _reference() -> str:
     return "\n".join(out).rstrip("\n")
 
 
-ERRORS_ENV = "KONTRAST_LAUNCH_ERRORS"  # set by --nproc's launcher for its workers: a folder for their input errors
-CONFIG_ENV = "KONTRAST_LAUNCH_CONFIG"  # ... and the config it resolved, which they read instead of resolving again
+CONFIG_ENV = "KONTRAST_LAUNCH_CONFIG"  # set by --nproc's launcher: the config it resolved, which its processes read
 NO_AGENT_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"  # torchrun's: the launcher serves no TCP store
 
 
 def _launch(nproc: int, argv: list[str], cfg) -> int:
     """``kontrast train --nproc N``: the same command on N processes of this node, started by torchrun's launcher.
 
-    On Linux the processes are forked from this one after it imported PyTorch and kontrast's training room,
-    so the pages of that runtime (about 370 MiB a process) are shared rather than each process's own
-    (docs/distributed.md, "Speed and memory"). ``torchrun ... -m kontrast.cli train`` starts fresh ones.
+    On Linux the processes are forked from Python's fork server (start method ``forkserver``, started by
+    :func:`_start_forkserver`): a process on one thread that imported PyTorch and kontrast's training room once,
+    so each process starts without importing them and their pages are shared (docs/distributed.md, "Launch"). On
+    macOS they start afresh (``spawn``), as ``torchrun ... -m kontrast.cli train`` starts them.
     """
-    if "WORLD_SIZE" in os.environ:
-        raise UserError("--nproc inside a torchrun launch: drop --nproc (torchrun already started the processes)")
     rest = _without_nproc(argv)  # each process runs the command under torchrun
-    import kontrast.train.loop  # noqa: F401  (imported before the fork: the processes share its pages)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
+    from kontrast.train import launch
+
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default for several processes, without its warning
-    start = "fork" if sys.platform == "linux" else "spawn"  # fork is unsafe on macOS; spawn imports afresh
-    errors = tempfile.TemporaryDirectory(prefix="kontrast-launch-")  # each worker's input error, said once below
+    start = "forkserver" if sys.platform == "linux" else "spawn"
+    errors = tempfile.TemporaryDirectory(prefix="kontrast-launch-")  # what the processes tell the launcher
     # the launcher logs a worker's exit as a traceback of its own; the worker has said why (one line for an input
     # error, its own traceback for a crash) and the lines below name the rank
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     from kontrast.config import dump
 
     _say_launch(nproc, cfg.train.num_threads or int(os.environ["OMP_NUM_THREADS"]), start)
-    os.environ[ERRORS_ENV] = errors.name
+    os.environ[launch.FOLDER_ENV] = errors.name
     os.environ[CONFIG_ENV] = str(Path(errors.name) / "resolved.yaml")
     os.environ[NO_AGENT_STORE_ENV] = "1"  # read by torchrun's rendezvous: rank 0 serves the run's store
     dump(cfg, os.environ[CONFIG_ENV])
     try:  # torchrun's own launcher, in this process; each worker runs the command without --nproc
-        elastic_launch(config=_torchrun_config(nproc, start, Path(errors.name)), entrypoint=_worker)(rest)
+        config = _torchrun_config(nproc, start, Path(errors.name))
+        elastic_launch(config=config, entrypoint=_worker)(rest, _AsLauncher())
     except SignalException as exc:  # SIGTERM / SIGINT to the launcher: torchrun passed it on and waited for them
         import signal
 
         _say_errors(Path(errors.name))  # a process that failed on its way out (rare) said why in the folder
-        print(f"stopped: {signal.Signals(exc.sigval).name} to the launcher; every process checkpointed after its "
-              f"step and stopped; continue with --resume", file=sys.stderr)
+        print(f"stopped: {signal.Signals(exc.sigval).name} to the launcher; "
+              f"{launch.checkpoint_line(Path(errors.name), nproc)}", file=sys.stderr)
         return 128 + int(exc.sigval)
     except ChildFailedError as exc:
         rank, first = exc.get_first_failure()  # the cause; the others were stopped by torchrun after it
@@ -124,13 +124,13 @@ def _launch(nproc: int, argv: list[str], cfg) -> int:
         if first.exitcode in (2, 130, 143):  # an input error, or a signal the run handled: the process said why
             return first.exitcode
         how = first.signal_name() if first.exitcode < 0 else f"exit code {first.exitcode}"
-        if first.exitcode > 0 and first.error_file_data.get("message"):  # a crash: its exception, as torchrun recorded it
+        if first.exitcode > 0 and first.error_file_data.get("message"):  # a crash: its exception, as torchrun has it
             message = first.message.get("message", "") if isinstance(first.message, dict) else first.message
             how += ": " + (str(message).strip().splitlines() or ["?"])[0][:300]
         print(f"error: the process of rank {rank} ended the run ({how}); torchrun stopped the others", file=sys.stderr)
         return 1
     finally:
-        os.environ.pop(ERRORS_ENV, None)
+        os.environ.pop(launch.FOLDER_ENV, None)
         os.environ.pop(CONFIG_ENV, None)
         os.environ.pop(NO_AGENT_STORE_ENV, None)
         errors.cleanup()
@@ -139,9 +139,9 @@ def _launch(nproc: int, argv: list[str], cfg) -> int:
 
 def _torchrun_config(nproc: int, start: str, folder: Path):
     """torchrun's launch configuration for N processes on this node, as ``--standalone`` gives but for the
-    rendezvous: a file in ``folder`` rather than a TCP store served from this process. The processes are forked from
-    here, and a process forked while the store server's threads serve its siblings could hang before it joined the
-    process group (seen in CI with 4 processes). The run's own store is then served by rank 0."""
+    rendezvous: a file in ``folder`` rather than a TCP store served from this process (the first remedy for a rank
+    that never joined, when this process forked the processes: docs/distributed.md, "A process that never joins").
+    The run's own store is served by rank 0."""
     import uuid
 
     from torch.distributed.run import config_from_args, get_args_parser
@@ -186,8 +186,51 @@ def _say_errors(folder: Path) -> None:
             said.append(message)
 
 
-def _worker(argv: list[str]) -> None:
-    """One process of ``--nproc``, forked by torchrun's launcher: the command without ``--nproc``."""
+# what --nproc's fork server imports before it forks the processes: what each imports to run (the training room
+# alone leaves 75 MiB more private memory a process: the config loader's and torchrun's modules). Not kontrast.cli:
+# the processes of `python -m kontrast.cli` run it as their main module, which must not be imported before.
+FORKSERVER_PRELOAD = ["kontrast.config.load", "torch.distributed.launcher.api", "kontrast.train.loop"]
+
+
+def _start_forkserver() -> None:
+    """On Linux, Python's fork server for ``--nproc``'s processes, unless this process started it already: a fresh
+    interpreter on one thread that imports what the processes run (``FORKSERVER_PRELOAD``) and forks each of them."""
+    if sys.platform != "linux":
+        return
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
+    forkserver.ensure_running()
+
+
+class _AsLauncher:
+    """Sent with each process of ``--nproc``: unpickled there before torchrun sets that process's own variables,
+    it gives the process this launcher's environment and standard output and error as they are at this launch
+    (the process's working directory and ``sys.path`` are its launcher's already). The fork server the processes
+    are forked from is started by this process's first launch and keeps what this process had then."""
+
+    def __reduce__(self):
+        from multiprocessing.context import get_spawning_popen
+        from multiprocessing.reduction import DupFd  # the descriptors travel with the new process
+
+        if get_spawning_popen() is None:  # pickled for something else than a new process (a copy): nothing to give
+            return _AsLauncher, ()
+        return _as_launcher, (dict(os.environ), DupFd(1), DupFd(2))
+
+
+def _as_launcher(environ: dict, out, err) -> None:
+    os.environ.clear()
+    os.environ.update(environ)
+    for fd, passed in ((1, out), (2, err)):
+        received = passed.detach()
+        if received != fd:  # spawn passes the launcher's own descriptor numbers
+            os.dup2(received, fd)
+            os.close(received)
+
+
+def _worker(argv: list[str], *_as_launcher_done) -> None:
+    """One process of ``--nproc``, started by torchrun's launcher: the command without ``--nproc``."""
     import torch
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # OpenMP read the launcher's environment, not ours
@@ -214,10 +257,13 @@ def _train(args, argv: list[str]) -> int:
 
     check_run_dir(Path(args.out), resume=args.resume, overwrite=args.overwrite)  # before any data or process
     if args.nproc != 1:
-        from kontrast.train.distributed import check_world
-
         if args.nproc < 1:
             raise UserError(f"--nproc must be at least 1, got {args.nproc}")
+        if "WORLD_SIZE" in os.environ:
+            raise UserError("--nproc inside a torchrun launch: drop --nproc (torchrun already started the processes)")
+        _start_forkserver()  # its imports run beside the config's resolution here
+        from kontrast.train.distributed import check_world
+
         cfg = _train_config(args)
         check_world(cfg, args.nproc)  # bad input: one line here, before any process starts
         return _launch(args.nproc, argv, cfg)
@@ -363,8 +409,8 @@ def _eval_line(result: dict) -> str:
 
 
 # A rank that stopped because another process of the run was lost waits this long before it exits. torchrun's
-# launcher reports the first exit it finds, and with forked processes (--nproc) that can be this rank's, found in
-# the same poll as the lost one's, when it is the lost process that ended the run.
+# launcher reports the first exit it finds, and with --nproc's processes that can be this rank's, found in the same
+# poll as the lost one's, when it is the lost process that ended the run.
 PEER_LOST_GRACE_S = 3.0
 
 
@@ -376,10 +422,10 @@ def main(argv: list[str] | None = None) -> int:
         argv = sys.argv[1:] if argv is None else argv
         return _run(build_parser().parse_args(argv), argv)
     except UserError as exc:
+        from kontrast.train.launch import tell_launcher
+
         rank = os.environ.get("RANK", "0")  # under torchrun: say which process speaks when it is not rank 0
-        if ERRORS_ENV in os.environ and "RANK" in os.environ:  # a worker of --nproc: the launcher says it, once
-            Path(os.environ[ERRORS_ENV], f"rank-{rank}").write_text(str(exc))
-        else:
+        if not tell_launcher(f"rank-{rank}", str(exc)):  # a process of --nproc: the launcher says it, once
             print(f"error: {exc}" if rank == "0" else f"error: rank {rank}: {exc}", file=sys.stderr, flush=True)
         return 2
     except Interrupted as exc:  # SIGTERM / SIGINT during training: checkpoint written, then 143 / 130

@@ -29,7 +29,7 @@ from kontrast.checkpoint import latest_checkpoint, load_checkpoint, remove_parti
 from kontrast.config import Config
 from kontrast.errors import Interrupted, UserError
 from kontrast.methods.base import Ranks
-from kontrast.train import distributed
+from kontrast.train import distributed, launch
 from kontrast.train.data_path import TrainData, bad_image_error, check_batch, epoch_batches
 from kontrast.train.events import Events, Listener
 from kontrast.train.guards import SignalStop, floating_state, nonfinite
@@ -261,6 +261,7 @@ class Loop:
         if epoch_end or (tc.checkpoint_every and self.step % tc.checkpoint_every == 0) or stop.received:
             ckpt = self.save()
         if stop.received:
+            launch.report_checkpointed(self.ranks.rank, self.step)  # under --nproc: the launcher counts these
             name = signal.Signals(stop.received).name
             raise Interrupted(f"{name} after step {self.step} of {self.schedule.total_steps}; checkpoint {ckpt}; "
                               f"continue with: {self.resume_command()}", 128 + stop.received)
