@@ -3,9 +3,8 @@
 Every comparison of two training runs in the suite (tests/support/floors.py) appends what it measured to
 ``$KONTRAST_FLOOR_LOG`` when that is set. Run the equality tests once per kernel set, each into its own log, then:
 
-    KONTRAST_FLOOR_LOG=runs/floors-native.jsonl .venv/bin/python -m pytest -n 2 \\
-        tests/integration/test_distributed.py tests/integration/test_accumulate.py tests/integration/test_stream_train.py
-    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 KONTRAST_FLOOR_LOG=runs/floors-avx2.jsonl .venv/bin/python -m pytest ...
+    KONTRAST_FLOOR_LOG=$PWD/runs/floors-native.jsonl make test
+    KONTRAST_FLOOR_LOG=$PWD/runs/floors-avx2.jsonl make test-kernels
     .venv/bin/python benchmarks/floors_table.py native=runs/floors-native.jsonl avx2=runs/floors-avx2.jsonl
 """
 
@@ -40,7 +39,8 @@ def main() -> None:
     for label in dict.fromkeys(r["kernels"] for r in records):
         mine = [r for r in records if r["kernels"] == label]
         worst = max(mine, key=lambda r: max(r["ratio_loss"], r["ratio_weights"]))
-        print(f"\n{label}: {len(mine)} comparisons; largest ratio {max(worst['ratio_loss'], worst['ratio_weights']):.2f}"
+        largest = max(worst["ratio_loss"], worst["ratio_weights"])
+        print(f"\n{label}: {len(mine)} comparisons; largest ratio {largest:.2f}"
               f" ({worst['what']}); median weight ratio "
               f"{sorted(r['ratio_weights'] for r in mine)[len(mine) // 2]:.2f}")
     print("\ncommand: .venv/bin/python benchmarks/floors_table.py " + " ".join(sys.argv[1:]))

@@ -6,7 +6,13 @@ over the first and last logged windows, the kNN of the untrained and the trained
 whether the test's checks pass (loss falls; kNN above twice chance and 0.01 above the untrained encoder).
 
     .venv/bin/python benchmarks/learning_budget.py --data ../shared/data/cifar10-jpeg.tar.gz \\
-        --methods simclr,byol --seeds 0,1,2 --limit 2000 [--epochs 4] [--precision fp32] [--out benchmarks/results/learning_budget.jsonl]
+        --methods simclr,byol --seeds 0,1,2 [--epochs 4] [--limit 2000] [--precision fp32] [--out runs/lb-native.jsonl]
+
+Run it once per kernel set (``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2`` before the command for the AVX2
+set, as ``make test-kernels`` runs the suite), each into its own file, then print the docs' table of gains, spreads
+and margins (docs/lab/learning-tests.md):
+
+    .venv/bin/python benchmarks/learning_budget.py --report native=runs/lb-native.jsonl avx2=runs/lb-avx2.jsonl
 """
 
 from __future__ import annotations
@@ -23,13 +29,41 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from learning.test_learning import VIT_BUDGET, run_learning  # noqa: E402
+from learning.test_learning import GAIN, TEST_DEFAULTS, VIT_BUDGET, run_learning  # noqa: E402
 
 # the learning test's MoCo v3 on a small ViT (test_learning_on_a_vit), by a name of its own
 EXTRA_BUDGETS = {"moco_v3_vit": ("moco_v3", VIT_BUDGET)}
 
 
+def report(files: list[str]) -> str:
+    """The table of docs/lab/learning-tests.md: per method (its latest budget in the files), the gain of the trained
+    over the untrained encoder's kNN for every seed under every kernel set, their spread, the worst gain in units of
+    the spread, and the worst gain's margin over the test's line (GAIN)."""
+    runs = [{"kernels": label, **json.loads(line)} for label, path in (f.split("=", 1) for f in files)
+            for line in Path(path).read_text().splitlines() if line.strip()]
+    out = ["| method | epochs | gains (kNN trained - untrained), seed 0/1/2 per kernel set | spread | worst gain | "
+           f"worst / spread | worst - line ({GAIN}) |", "|---|---|---|---|---|---|---|"]
+    for method in dict.fromkeys(r["method"] for r in runs):
+        mine = [r for r in runs if r["method"] == method]
+        epochs = mine[-1]["epochs"]
+        mine = [r for r in mine if r["epochs"] == epochs]
+        by_kernels = {}
+        for r in mine:
+            by_kernels.setdefault(r["kernels"], {})[r["seed"]] = r["knn_trained"] - r["knn_untrained"]
+        gains = [g for seeds in by_kernels.values() for g in seeds.values()]
+        spread, worst = max(gains) - min(gains), min(gains)
+        cells = "; ".join(f"{k} " + " / ".join(f"{seeds[s]:+.3f}" for s in sorted(seeds))
+                          for k, seeds in by_kernels.items())
+        ratio = f"{worst / spread:.1f}" if spread > 0 else "-"
+        out.append(f"| {method} | {epochs} | {cells} | {spread:.3f} | {worst:+.3f} | {ratio} | {worst - GAIN:+.3f} |")
+    return "\n".join(out)
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--report"]:
+        print(report(sys.argv[2:]))
+        print("\ncommand: .venv/bin/python benchmarks/learning_budget.py --report " + " ".join(sys.argv[2:]))
+        return
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", required=True, help="CIFAR-10 (the JPEG archive of ../shared/data)")
     p.add_argument("--methods", required=True,
@@ -54,7 +88,8 @@ def main() -> None:
                 start = time.perf_counter()
                 result = run_learning(name, budget, Path(tmp), Path(args.data), seed=seed)
                 result.update(method=entry, seed=seed, wall_s=round(time.perf_counter() - start, 1),
-                              epochs=test.get("epochs"), limit=test.get("limit"),
+                              epochs=test.get("epochs", TEST_DEFAULTS["epochs"]),
+                              limit=test.get("limit", TEST_DEFAULTS["limit"]),
                               precision=test.get("precision", "auto"))
             print(json.dumps(result), flush=True)
             if args.out:

@@ -3,8 +3,9 @@
 Used by benchmarks/distributed.py in place of ``kontrast``: ``timed_collectives.py train ... --nproc 2``.
 Wraps the collectives the training room calls through ``torch.distributed`` (all_gather_single and
 all_reduce of the BN statistics, the gradient average, the metrics and the stop signal; broadcast;
-barrier) before ``--nproc`` forks the processes, so each inherits the wrappers, and when a process
-closes its process group it writes ``{"rank": R, "calls": {name: [count, seconds]}}`` to
+barrier) when this module is imported, in the launcher and in every process of ``--nproc`` (its fork
+server imports the launcher's main module again for them), and when a process closes its process group it
+writes ``{"rank": R, "calls": {name: [count, seconds]}}`` to
 ``$KONTRAST_COLLECTIVES_OUT.R.json``. The time
 includes waiting for the other ranks to arrive. The embedding gathers (PyTorch's functional
 collectives, asynchronous) are not wrapped.
@@ -38,18 +39,28 @@ def _timed(name: str, calls: dict):
     return timed
 
 
-def main() -> None:
-    calls: dict = {}
+CALLS: dict = {}  # this process's {name: [count, seconds]}
+
+
+def _install() -> None:
+    """The timed collectives, and the record written as the process group closes (kontrast.train.distributed.close)."""
     for name in WRAPPED:
-        setattr(dist, name, _timed(name, calls))
+        setattr(dist, name, _timed(name, CALLS))
     out, destroy = os.environ["KONTRAST_COLLECTIVES_OUT"], dist.destroy_process_group
 
-    def write_then_destroy(*args, **kwargs):  # the end of each process's run (kontrast.train.distributed.close)
-        rank = os.environ.get("RANK", "0")  # read here: `--nproc` forks the processes after this module ran
-        Path(f"{out}.{rank}.json").write_text(json.dumps({"rank": int(rank), "calls": calls}))
+    def write_then_destroy(*args, **kwargs):
+        rank = os.environ.get("RANK", "0")  # read here: the processes get their rank after this module ran
+        Path(f"{out}.{rank}.json").write_text(json.dumps({"rank": int(rank), "calls": CALLS}))
         return destroy(*args, **kwargs)
 
     dist.destroy_process_group = write_then_destroy
+
+
+if "KONTRAST_COLLECTIVES_OUT" in os.environ:
+    _install()
+
+
+def main() -> None:
     from kontrast.cli import main as cli
 
     sys.argv = ["kontrast", *sys.argv[1:]]

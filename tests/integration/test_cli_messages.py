@@ -163,7 +163,7 @@ def test_nproc_says_what_it_launched_and_warns_on_more_threads_than_cores(tmp_pa
                  "16", "--out", str(tmp_path / "run"), "--no-progress", "--set", "encoder.width=0.125", "--set",
                  "data.size=8", "--set", "train.num_threads=64"])
     assert r.returncode == 2, r.stderr
-    assert "launching 2 processes on this node (torchrun, fork), 64 thread(s) each" in r.stdout
+    assert "launching 2 processes on this node (torchrun, forkserver), 64 thread(s) each" in r.stdout
     assert "warning: 2 processes x 64 threads >" in r.stderr and "cores" in r.stderr
     assert r.stderr.count("data.size 8 is too small for dino") == 1
 
@@ -175,7 +175,7 @@ def test_the_thread_warning_names_only_remedies_that_change_something(nproc, thr
     from kontrast import cli
 
     monkeypatch.setattr(cli.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)  # 2 cores
-    cli._say_launch(nproc, threads, "fork")
+    cli._say_launch(nproc, threads, "forkserver")
     assert capsys.readouterr().err.endswith(f"threads > 2 cores: they will slow each other; {remedies}")
 
 

@@ -25,8 +25,7 @@ from support.cli import cli_run
 
 @pytest.fixture
 def calls(monkeypatch, tmp_path) -> Path:
-    """A file with a line ``<what> <pid>`` for every config resolution and every run plan. The wrappers are
-    inherited by the processes ``--nproc`` forks from this one, so theirs are counted too."""
+    """A file with a line ``<what> <pid>`` for every config resolution and every run plan in this process."""
     log = tmp_path / "calls.txt"
     log.touch()
 
@@ -61,16 +60,6 @@ def test_one_process_resolves_once_and_plans_once(calls, tmp_path):
     assert _counts(calls) == {"resolve": {os.getpid(): 1}, "plan": {os.getpid(): 1}}
 
 
-def test_two_processes_resolve_once_and_plan_once_each(calls, tmp_path):
-    r = _train(tmp_path / "run", "--nproc", "2")
-    assert r.returncode == 0, r.stderr
-    counts = _counts(calls)
-    assert counts["resolve"] == {os.getpid(): 1}  # the launcher's; its processes read what it resolved
-    assert os.getpid() not in counts["plan"] and sorted(counts["plan"].values()) == [1, 1]  # one plan per rank
-    raw, plan = read_run_config(tmp_path / "run")
-    assert plan["world"] == 2 and raw["data"]["mode"] == "memory"
-
-
 COUNTING_SITE = """
 import os
 import kontrast.methods.build as build
@@ -88,25 +77,41 @@ loop.plan_run = counted("plan", loop.plan_run)
 """
 
 
-def test_under_torchrun_each_fresh_process_resolves_once_and_plans_once(tmp_path):
-    """``torchrun -m kontrast.cli train`` (no launcher of ours): every process starts afresh and reads the
-    command itself, so each resolves the config once and plans once."""
+def _counted(tmp_path: Path, launcher: list[str], *extra: str):
+    """``LAUNCHER train ...`` with :data:`COUNTING_SITE` in every interpreter it starts; the run and its counts."""
     site = tmp_path / "site"
     site.mkdir()
-    (site / "sitecustomize.py").write_text(COUNTING_SITE)  # counts in the processes torchrun starts
+    (site / "sitecustomize.py").write_text(COUNTING_SITE)  # counts in every process of the run
     log = tmp_path / "calls.txt"
     log.touch()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
            "KONTRAST_TEST_CALLS": str(log), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
-               "kontrast.cli", "train", "--method", "simclr", "--data", "shapes:32", "--epochs", "1",
-               "--batch-size", "16", "--out", str(tmp_path / "run"), *TINY, "--set", "train.device=cpu"]
+    command = [*launcher, "train", "--method", "simclr", "--data", "shapes:32", "--epochs", "1", "--batch-size", "16",
+               "--out", str(tmp_path / "run"), *TINY, "--set", "train.device=cpu", *extra]
     run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    return run, _counts(log)
+
+
+def test_under_torchrun_each_fresh_process_resolves_once_and_plans_once(tmp_path):
+    """``torchrun -m kontrast.cli train`` (no launcher of ours): every process starts afresh and reads the
+    command itself, so each resolves the config once and plans once."""
+    run, counts = _counted(tmp_path, [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                      "--nproc-per-node=2", "-m", "kontrast.cli"])
     assert run.returncode == 0, run.stderr[-2000:]
-    counts = _counts(log)
     assert len(counts["resolve"]) == 2 and sorted(counts["resolve"].values()) == [1, 1]
     assert counts["plan"].keys() == counts["resolve"].keys() and sorted(counts["plan"].values()) == [1, 1]
     assert read_run_config(tmp_path / "run")[1]["world"] == 2
+
+
+def test_two_processes_resolve_once_and_plan_once_each(tmp_path):
+    """``--nproc 2``: the launcher resolves the config once; its processes read what it resolved and plan once each
+    (the counting wrappers run in every interpreter of the run: the fork server's are the processes')."""
+    run, counts = _counted(tmp_path, [sys.executable, "-m", "kontrast.cli"], "--nproc", "2")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert sorted(counts["resolve"].values()) == [1]  # the launcher's
+    assert not counts["plan"].keys() & counts["resolve"].keys() and sorted(counts["plan"].values()) == [1, 1]
+    raw, plan = read_run_config(tmp_path / "run")
+    assert plan["world"] == 2 and raw["data"]["mode"] == "memory"
 
 
 def test_the_plan_is_kept_in_config_yaml_and_a_resume_keeps_its_decisions(tmp_path):

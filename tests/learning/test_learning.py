@@ -4,6 +4,7 @@ The budgets (epochs, images, per-method settings) are in configs/short_budget.ya
 """
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -31,32 +32,26 @@ def test_every_image_method_has_short_budget_settings():
 @pytest.mark.shared_data
 @pytest.mark.parametrize("name", IMAGE_METHODS)
 def test_learning(name, tmp_path, shared_cifar_tar):
-    """Loss falls and kNN top-1 on CIFAR-10's test split beats chance and the untrained encoder.
+    """Loss falls, and kNN top-1 on CIFAR-10's test split beats twice chance and the untrained encoder by GAIN.
 
-    4000 CIFAR-10 training images (2000 for InstDisc), 2-12 epochs, batch 128, ResNet-18 width 0.125, at the
-    machine's precision (``auto``: fp32 on a CPU without native bf16, where bf16 doubled these tests' time)
-    unless the entry's ``test: {precision: ...}`` pins the one its figures hold at (a short run's end point
-    moves with rounding: BYOL's by 0.04 between 1 and 2 threads): 15 s to 3 minutes on 2 cores. The kNN monitor reads a fixed 2000-image subset of the test split. The loss test
-    compares the mean of the first and the last ``loss_window`` logged losses (3 unless the entry says otherwise),
-    counted from epoch ``loss_from_epoch`` (0 unless the entry says otherwise: InfoMin's first-epoch loss is
-    scored against a queue that lags behind contracting embeddings; see configs/short_budget.yaml).
+    8000 CIFAR-10 training images at 16 px (an entry's ``test:`` keys may say otherwise), 3 epochs unless the entry
+    says more, batch 128, ResNet-18 width 0.125, at the machine's precision (``auto``: bf16 where the CPU computes it
+    natively, fp32 elsewhere, so the two kernel sets of CI cover both). The kNN monitor reads 5000 training and 5000
+    test images. The loss test compares the mean of the first and the last ``loss_window`` logged losses (3 unless the
+    entry says otherwise), counted from epoch ``loss_from_epoch`` (0 unless the entry says otherwise: InfoMin's
+    first-epoch loss is scored against a queue that lags behind contracting embeddings). Every budget's gains on three
+    seeds and two kernel sets, against the line: docs/lab/learning-tests.md.
     """
     _learns(name, SHORT_BUDGET[name], tmp_path, shared_cifar_tar)
 
 
 # MoCo v3 on a Vision Transformer (sec. 4 of the paper): vit_tiny at half width (dim 96, 3 heads of 32), 4 blocks,
-# 4-px patches (8x8 tokens), the random patch projection frozen, AdamW with weight decay 0.1 and tau 0.2 as the
-# ViT recipe (configs/moco_v3_vit_tiny_cifar.yaml), lr 1e-3 for the short run. Measured (fp32, 1 thread beside
-# another job, about 160 s each), 4 epochs: seeds 0/1/2 kNN 0.2825 -> 0.3250, 0.2665 -> 0.3020, 0.2680 -> 0.3105
-# (loss 3.71 -> 3.41, 3.73 -> 3.29, 3.70 -> 3.33); seed 0 with the patch projection trained: 0.2825 -> 0.3300.
-# 2 epochs (about 105 s, 1 thread): 0.2825 -> 0.3025, 0.2665 -> 0.3015, 0.2680 -> 0.2980 (loss 3.71 -> 3.46,
-# 3.73 -> 3.50, 3.70 -> 3.43); `benchmarks/learning_budget.py --methods moco_v3_vit --epochs 2`. The test runs 1 epoch
-# with half an epoch of warm-up (about 65 s, 1 thread beside another job): 0.2825 -> 0.302, 0.2665 -> 0.283,
-# 0.268 -> 0.286 (loss 3.67 -> 3.49, 3.67 -> 3.48, 3.66 -> 3.51).
+# 4-px patches, the random patch projection frozen, AdamW with weight decay 0.1 and tau 0.2 as the ViT recipe
+# (configs/moco_v3_vit_tiny_cifar.yaml), lr 1e-3 for the short run. Its gains per seed: docs/lab/learning-tests.md.
 VIT_BUDGET = {"method": {"proj_hidden": 512, "pred_hidden": 512, "temperature": 0.2},
               "encoder": {"name": "vit_tiny", "width": 0.5, "depth": 4, "patch_size": 4, "freeze_patch_embed": True},
               "optim": {"name": "adamw", "lr": 1.0e-3, "weight_decay": 0.1, "warmup_epochs": 0.5},
-              "test": {"precision": "fp32", "epochs": 1}}
+              "test": {"epochs": 5}}
 
 
 @pytest.mark.slow
@@ -66,18 +61,27 @@ def test_learning_on_a_vit(tmp_path, shared_cifar_tar):
     _learns("moco_v3", VIT_BUDGET, tmp_path, shared_cifar_tar)
 
 
+# The learning test's data and budget unless an entry's ``test:`` says otherwise: CIFAR-10 at 16 px (the run is about
+# four times cheaper per image than at 32, so 8000 images for 3 epochs learn more than 4000 at 32 px for 4 in the same
+# time), kNN on 5000 training and 5000 test images (the standard error of a kNN accuracy there: about 0.0065).
+TEST_DEFAULTS = {"epochs": 3, "limit": 8000, "size": 16, "loss_from_epoch": 0, "loss_window": 3, "precision": "auto"}
+KNN_IMAGES = 5000
+GAIN = 0.03  # the trained encoder's kNN must beat the untrained one's by this (about 5 standard errors)
+LOG_ENV = "KONTRAST_LEARNING_LOG"  # set: each test appends its figures there
+
+
 def run_learning(name: str, budget: dict, tmp_path: Path, tar: Path, seed: int = 0) -> dict:
     """Train ``name`` with a short_budget.yaml-style entry on CIFAR-10; the figures the learning check reads."""
-    test = {"epochs": 4, "limit": 4000, "loss_from_epoch": 0, "loss_window": 3, "precision": "auto",
-            **budget.get("test", {})}  # the entry's test-only budget
+    test = {**TEST_DEFAULTS, **budget.get("test", {})}  # the entry's test-only budget
     raw = {
         "method": {"name": name, **budget.get("method", {})},
         "encoder": {**TINY["encoder"], **budget.get("encoder", {})},
         "optim": budget.get("optim", {}),
         "augment": budget.get("augment", {}),
-        "data": {"source": str(tar), "limit": test["limit"]},
+        "data": {"source": str(tar), "limit": test["limit"], "size": test["size"]},
         "train": {"epochs": test["epochs"], "batch_size": 128, "log_every": 5, "knn_every": test["epochs"],
-                  "precision": test["precision"], "knn_max_train": 4000, "knn_max_test": 2000, "seed": seed},
+                  "precision": test["precision"], "knn_max_train": KNN_IMAGES, "knn_max_test": KNN_IMAGES,
+                  "seed": seed},
     }
     fit(resolve(raw), tmp_path / "run", progress=False)
     lines = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
@@ -85,7 +89,7 @@ def run_learning(name: str, budget: dict, tmp_path: Path, tar: Path, seed: int =
     knn = [line["knn_top1"] for line in lines if "knn_top1" in line]
     w = test["loss_window"]
     first, last = sum(losses[:w]) / w, sum(losses[-w:]) / w
-    learned = last < first and knn[-1] > 2 * 0.1 and knn[-1] > knn[0] + 0.01
+    learned = last < first and knn[-1] > 2 * 0.1 and knn[-1] >= knn[0] + GAIN
     return {"loss_first": first, "loss_last": last, "knn_untrained": knn[0], "knn_trained": knn[-1], "passes": learned}
 
 
@@ -93,5 +97,10 @@ def _learns(name: str, budget: dict, tmp_path: Path, tar: Path) -> None:
     """Train ``name`` with its entry; assert it learned (loss falls, kNN beats twice chance and the untrained)."""
     r = run_learning(name, budget, tmp_path, tar)
     print(name, "kNN untrained -> trained:", r["knn_untrained"], r["knn_trained"])
+    if os.environ.get(LOG_ENV):  # the run as benchmarks/learning_budget.py records one (docs/lab/learning-tests.md)
+        test = {**TEST_DEFAULTS, **budget.get("test", {})}
+        with open(os.environ[LOG_ENV], "a") as f:
+            f.write(json.dumps({**r, "method": name if budget is not VIT_BUDGET else "moco_v3_vit", "seed": 0,
+                                "epochs": test["epochs"], "limit": test["limit"]}) + "\n")
     assert r["loss_last"] < r["loss_first"], r
-    assert r["knn_trained"] > 2 * 0.1 and r["knn_trained"] > r["knn_untrained"] + 0.01, r  # twice chance, above untrained
+    assert r["knn_trained"] > 2 * 0.1 and r["knn_trained"] >= r["knn_untrained"] + GAIN, r  # 2 x chance, > untrained

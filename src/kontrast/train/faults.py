@@ -17,7 +17,8 @@ comma-separated list of ``name=value``:
 * ``kill_in_checkpoint=N``: ``SIGKILL`` while the checkpoint of step N is half written.
 * ``nan_at_step=N[+M...]``: make the loss of step(s) N (1-based) NaN.
 * ``nudge_weights=N``: before the first step, move every floating-point parameter of the method N units in the
-  last place up or down (a fixed random sign per value; exact zeros stay): a change that must not matter, at the scale of rounding.
+  last place up or down (a fixed random sign per value; exact zeros stay): a change that must not matter, at the
+  scale of rounding.
   The equality tests measure their floor with it (how far the same run drifts from so small a change).
 * ``trace=PATH``: append ``{"step", "epoch", "indices"}`` per step to PATH (JSON lines).
 * ``rank=R``: only the process of rank R (``$RANK`` under torchrun) has the faults; others run normally.
