@@ -15,7 +15,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # several test processes share the co
 # The suite's longest tests on the 2-core CI machine (their durations in a full `make test`, in seconds), run first so
 # the two test processes end together: pytest-xdist's worksteal hands each process half of the list and lets an idle
 # one take the tail of the other's queue, so a long test left at the end runs alone.
-LONGEST = {"test_learning[infomin]": 250, "test_learning_on_a_vit": 120, "test_learning[dino]": 90,
+LONGEST = {"test_learning[infomin]": 210, "test_learning_on_a_vit": 120, "test_learning[dino]": 90,
            "test_learning[clip]": 60, "test_learning[moco_v2]": 50, "test_learning[moco_v1]": 45,
            "test_learning[amdim]": 45, "test_learning[cpc_v2]": 40, "test_learning[ibot]": 40,
            "test_learning[simsiam]": 35, "test_learning[yadim]": 35, "test_learning[instdisc]": 25,
