@@ -32,7 +32,8 @@ test: $(STAMP)
 # takes fp32). CI runs it after `test`; KERNELS picks another set, e.g. KERNELS="ATEN_CPU_CAPABILITY=default".
 KERNELS ?= ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
 ROUNDING_TESTS := tests/integration/test_distributed.py tests/integration/test_accumulate.py \
-	tests/integration/test_stream_train.py tests/integration/test_config_space.py tests/learning tests/unit/train
+	tests/integration/test_stream_train.py tests/integration/test_config_space.py tests/learning \
+	tests/unit/train/test_precision.py tests/unit/train/test_micro_batches.py
 test-kernels: $(STAMP)
 	env $(KERNELS) $(PY) -m pytest $(PARALLEL) $(ROUNDING_TESTS)
 
