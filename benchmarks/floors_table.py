@@ -23,9 +23,7 @@ def table(records: list[dict]) -> str:
     out = ["| comparison | kernels | loss: difference / floor | ratio | weights: difference / floor | ratio |",
            "|---|---|---|---|---|---|"]
     for r in sorted(records, key=lambda r: (r["what"], r["kernels"])):
-        d, f = r["diff"], r["floor"]
-        floor_loss = max(f["loss"], 2 ** -23 * f["loss_scale"])
-        floor_w = max(f["weights"], 2 ** -23 * f["weight_scale"])
+        d, floor_loss, floor_w = r["diff"], r["floor_loss"], r["floor_weights"]
         out.append(f"| {r['what']} | {r['kernels']} | {d['loss']:.2g} / {floor_loss:.2g} | {r['ratio_loss']:.2f} | "
                    f"{d['weights']:.2g} / {floor_w:.2g} | {r['ratio_weights']:.2f} |")
     return "\n".join(out)

@@ -29,7 +29,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from learning.test_learning import GAIN, TEST_DEFAULTS, VIT_BUDGET, run_learning  # noqa: E402
+from learning.test_learning import GAIN, VIT_BUDGET, run_learning  # noqa: E402
 
 # the learning test's MoCo v3 on a small ViT (test_learning_on_a_vit), by a name of its own
 EXTRA_BUDGETS = {"moco_v3_vit": ("moco_v3", VIT_BUDGET)}
@@ -83,14 +83,11 @@ def main() -> None:
             budget = json.loads(json.dumps(base))
             test = budget.setdefault("test", {})
             test.update({k: v for k, v in (("epochs", args.epochs), ("limit", args.limit),
-                                                           ("precision", args.precision)) if v is not None})
+                                           ("precision", args.precision)) if v is not None})
             with tempfile.TemporaryDirectory() as tmp:
                 start = time.perf_counter()
                 result = run_learning(name, budget, Path(tmp), Path(args.data), seed=seed)
-                result.update(method=entry, seed=seed, wall_s=round(time.perf_counter() - start, 1),
-                              epochs=test.get("epochs", TEST_DEFAULTS["epochs"]),
-                              limit=test.get("limit", TEST_DEFAULTS["limit"]),
-                              precision=test.get("precision", "auto"))
+                result.update(method=entry, seed=seed, wall_s=round(time.perf_counter() - start, 1))
             print(json.dumps(result), flush=True)
             if args.out:
                 with open(args.out, "a") as f:

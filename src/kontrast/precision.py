@@ -20,7 +20,6 @@ enters :func:`float32`. Nothing else in kontrast creates or disables an autocast
 from __future__ import annotations
 
 import contextlib
-
 import os
 
 import torch

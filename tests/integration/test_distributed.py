@@ -106,12 +106,6 @@ def _nudged(out: Path, name: str, *extra: str, batch: int = 12) -> subprocess.Co
     return cli_run(["train", *_args(out, name, *extra, batch=batch)], faults=floors.NUDGE)
 
 
-def _agree(a: Path, b: Path, nudged: Path, what: str, bn_statistics: bool = True) -> None:
-    """Runs ``a`` and ``b`` within the floor of ``a`` against its nudged twin, in loss and weights."""
-    floor = floors.difference(a, nudged, bn_statistics)
-    floors.assert_agree(floors.difference(a, b, bn_statistics), floor, what)
-
-
 def test_collectives_gather_and_global_batch_norm():
     """The gather's gradient is the analytic one (summed over ranks), a non-contiguous input keeps its gradient,
     and BN over the ranks' slices equals BN over the global batch."""
@@ -141,7 +135,8 @@ def test_two_processes_equal_one_on_the_global_batch(name, tmp_path):
     # GPU's do in MoCo's code; one process runs every group through the same layers. They never enter training
     # (batch statistics there); the checkpoint holds rank 0's.
     own_groups = not METHODS.get(name).sync_bn
-    _agree(tmp_path / "one", tmp_path / "two", tmp_path / "nudged", f"{name}: 2 ranks vs 1", not own_groups)
+    floors.assert_runs_agree(tmp_path / "one", tmp_path / "two", tmp_path / "nudged", f"{name}: 2 ranks vs 1",
+                             not own_groups)
 
 
 # Gradient caching (train.accumulate, kontrast/micro_batches.py): K micro-batches on a process are K processes without
@@ -206,7 +201,7 @@ def test_three_processes_equal_one():
         one, three = _train(tmp / "one", "simclr", 1), _train(tmp / "three", "simclr", 3)
         nudged = _nudged(tmp / "nudged", "simclr")
         assert one.returncode == 0 and three.returncode == 0 and nudged.returncode == 0, three.stderr[-2000:]
-        _agree(tmp / "one", tmp / "three", tmp / "nudged", "simclr: 3 ranks vs 1")
+        floors.assert_runs_agree(tmp / "one", tmp / "three", tmp / "nudged", "simclr: 3 ranks vs 1")
 
 
 def test_two_nodes_joined_by_torchrun_rendezvous_equal_one_process(tmp_path):
@@ -224,7 +219,8 @@ def test_two_nodes_joined_by_torchrun_rendezvous_equal_one_process(tmp_path):
     assert [agent.returncode for agent in agents] == [0, 0], errors[0][-2000:] + errors[1][-2000:]
     one, nudged = _train(tmp_path / "one", "simclr", 1), _nudged(tmp_path / "nudged", "simclr")
     assert one.returncode == 0 and nudged.returncode == 0, one.stderr[-2000:]
-    _agree(tmp_path / "one", tmp_path / "two", tmp_path / "nudged", "simclr: 2 nodes vs 1 process")
+    floors.assert_runs_agree(tmp_path / "one", tmp_path / "two", tmp_path / "nudged",
+                             "simclr: 2 nodes vs 1 process")
 
 
 BIND = """
@@ -418,4 +414,5 @@ def test_resume_at_another_world_size_continues(tmp_path):
     whole, nudged = _faulty(tmp_path / "whole", "", *short), _faulty(tmp_path / "nudged", floors.NUDGE, *short)
     assert resumed.returncode == whole.returncode == nudged.returncode == 0, resumed.stderr[-2000:]
     assert len(floors.losses(tmp_path / "run")) == len(floors.losses(tmp_path / "whole")) == 4
-    _agree(tmp_path / "whole", tmp_path / "run", tmp_path / "nudged", "simclr: resumed on 1 rank vs 2 ranks")
+    floors.assert_runs_agree(tmp_path / "whole", tmp_path / "run", tmp_path / "nudged",
+                             "simclr: resumed on 1 rank vs 2 ranks")

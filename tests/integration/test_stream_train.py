@@ -214,8 +214,7 @@ def test_two_processes_read_only_their_own_samples_and_equal_one(folder, tmp_pat
         assert len(halves) == 2 and all(len(h) == BATCH // 2 for h in halves)
         assert sorted(halves[0] + halves[1]) == sorted(idx.tolist()) and not set(halves[0]) & set(halves[1])
     assert latest_checkpoint(runs["p2"][0]).name == "step-00000003"
-    floor = floors.difference(runs["p1"][0], runs["nudged"][0])
-    floors.assert_agree(floors.difference(runs["p1"][0], runs["p2"][0]), floor, "streamed: 2 ranks vs 1")
+    floors.assert_runs_agree(runs["p1"][0], runs["p2"][0], runs["nudged"][0], "streamed: 2 ranks vs 1")
 
 
 def test_the_knn_monitor_runs_on_a_streamed_shard_folder(folder, tmp_path, monkeypatch, capsys):

@@ -87,12 +87,18 @@ def assert_floor_meaningful(floor: Difference, what: str = "") -> None:
         f"compare fewer steps or a smaller learning rate and say why")
 
 
+def assert_runs_agree(a: Path, b: Path, nudged: Path, what: str, bn_statistics: bool = True) -> None:
+    """Runs ``a`` and ``b`` within the floor of ``a`` against its nudged twin, in loss and weights."""
+    assert_agree(difference(a, b, bn_statistics), difference(a, nudged, bn_statistics), what)
+
+
 def assert_agree(diff: Difference, floor: Difference, what: str = "", factor: float = FACTOR) -> None:
     """``diff`` (the pair under test) within ``factor`` times ``floor`` (the nudged pair), loss and weights.
     With ``$KONTRAST_FLOOR_LOG`` set, each comparison is appended there first (docs/lab/tolerances.md's table)."""
     if os.environ.get(LOG_ENV):
         with open(os.environ[LOG_ENV], "a") as f:
             f.write(json.dumps({"what": what, "diff": asdict(diff), "floor": asdict(floor),
+                                "floor_loss": floor.loss_bound(), "floor_weights": floor.weight_bound(),
                                 "ratio_loss": diff.loss / floor.loss_bound(),
                                 "ratio_weights": diff.weights / floor.weight_bound()}) + "\n")
     assert_floor_meaningful(floor, what)
