@@ -6,6 +6,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from kontrast.precision import at_least_float32
+
 
 class Queue(nn.Module):
     """FIFO queue of the last ``size`` keys (MoCo, He et al. 2020, https://arxiv.org/abs/1911.05722).
@@ -60,6 +62,6 @@ class MemoryBank(nn.Module):
     @torch.no_grad()
     def update(self, indices: torch.Tensor, features: torch.Tensor) -> None:
         """Move rows ``indices [B]`` (distinct) towards ``features [B, dim]`` (L2-normalised), then re-normalise."""
-        old = self.items[indices].float()  # [B, dim]
-        new = self.momentum * old + (1.0 - self.momentum) * features.float()  # [B, dim]
+        old = at_least_float32(self.items[indices])  # [B, dim]
+        new = self.momentum * old + (1.0 - self.momentum) * at_least_float32(features)  # [B, dim]
         self.items[indices] = F.normalize(new, dim=1).to(self.items.dtype)

@@ -36,6 +36,7 @@ from kontrast.errors import UserError
 from kontrast.extract import mlp
 from kontrast.losses import MemoryBank, estimate_log_z, nce_loss
 from kontrast.methods.base import embedding_std, Method, Progress, Ranks
+from kontrast.precision import at_least_float32
 from kontrast.registry import METHODS
 
 
@@ -71,7 +72,7 @@ class InstDisc(Method):
             raise UserError("instdisc needs each image's dataset index and the training-set size; train it "
                             "with `kontrast train` (the loop passes both)")
         f = self.in_micro_batches(lambda x: self.projector(self.encoder(x)), views[:1])  # [B, D], per sample
-        f = F.normalize(f.float(), dim=1)  # [B, D]
+        f = F.normalize(at_least_float32(f), dim=1)  # [B, D]
         noise = self.bank.items[self.bank.sample(p.noise_samples)]  # [m, D], shared by the batch
         v = self.bank.items[indices]  # [B, D] own entries, before this step's update
         pos = (f * v).sum(1) / p.temperature  # [B] v_i.f_i / tau

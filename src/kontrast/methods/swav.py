@@ -32,7 +32,7 @@ from kontrast.extract import Prototypes, mlp
 from kontrast.losses import Queue
 from kontrast.losses.swav import sinkhorn, swapped_prediction
 from kontrast.methods.base import embedding_std, Method, Progress, Ranks
-from kontrast.precision import float32
+from kontrast.precision import at_least_float32, float32
 from kontrast.registry import METHODS
 
 
@@ -84,7 +84,7 @@ class SwAV(Method):
         z = F.normalize(self.in_micro_batches(self.projector, list(h.split(b))), dim=1)  # [V*B, proj_dim]
         frozen = self.num_samples > 0 and epochs < p.freeze_prototypes_epochs
         with float32(z):  # scores and codes in float32 (exp(s / ε) is sensitive)
-            scores = self.prototypes(z.float(), frozen=frozen).view(n_views, b, -1)  # [V, B, K] cos(z, c_k)
+            scores = self.prototypes(at_least_float32(z), frozen=frozen).view(n_views, b, -1)  # [V, B, K] cos(z, c_k)
             codes, mine = [], self.ranks.own(b)  # this rank's rows of the batch
             for a in range(p.global_views):
                 s = self.ranks.gather(scores[a].detach())  # [BW, K] every rank's samples share the prototypes
@@ -102,4 +102,4 @@ class SwAV(Method):
         self.prototypes.normalize_()
         if "keys" in out:
             for queue, keys in zip(self.queues, out["keys"]):
-                queue.push(keys.float())
+                queue.push(at_least_float32(keys))
