@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-stamp
 # torch/torchvision are pinned here (not in pyproject) to the build this project is tested with.
 TORCH := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: demo check test test-kernels gpu clean
+.PHONY: demo lint check test test-kernels gpu clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -19,12 +19,16 @@ demo: $(STAMP)
 # two test processes of one thread each (tests/conftest.py): on 2 cores faster than one of two threads
 PARALLEL := -n 2 --dist worksteal
 
-# the edit loop: unit tests of every room, slow ones left out
-check: $(STAMP)
+# ruff (rules and exceptions in pyproject.toml's [tool.ruff]) over src, tests, benchmarks: a few seconds
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+# the edit loop: the linter, then unit tests of every room, slow ones left out
+check: $(STAMP) lint
 	$(PY) -m pytest -q $(PARALLEL) tests/unit -m "not slow"
 
-# everything, what CI runs: unit, integration (the configuration space included) and learning tests
-test: $(STAMP)
+# everything, what CI runs: the linter, then unit, integration (the configuration space included) and learning tests
+test: $(STAMP) lint
 	$(PY) -m pytest $(PARALLEL)
 
 # the tests whose figures depend on rounding (equality of runs, learning, the configuration space), with this machine
@@ -35,12 +39,15 @@ ROUNDING_TESTS := tests/integration/test_distributed.py tests/integration/test_a
 	tests/integration/test_stream_train.py tests/integration/test_config_space.py tests/learning \
 	tests/unit/train/test_precision.py tests/unit/train/test_micro_batches.py \
 	tests/unit/methods/test_micro_batched_methods.py
+# Left out of this leg: how runs stop, fail and resume (marked lifecycle: exact or kernel-free), and the
+# configuration space's bf16 cells (bf16 has no native kernels under AVX2; they were 74 % of the space's time).
 # torch.compile's cache, one per kernel set: inductor reuses a kernel compiled under AVX-512 when the capability is
 # capped to AVX2, and that kernel fails an index check ("index out of bounds: 0 <= tmp2 < 10")
 empty :=
 KERNELS_CACHE := $(CURDIR)/runs/inductor-$(subst $(empty) $(empty),_,$(subst =,-,$(KERNELS)))
 test-kernels: $(STAMP)
-	env $(KERNELS) TORCHINDUCTOR_CACHE_DIR=$(KERNELS_CACHE) $(PY) -m pytest $(PARALLEL) $(ROUNDING_TESTS)
+	env $(KERNELS) TORCHINDUCTOR_CACHE_DIR=$(KERNELS_CACHE) $(PY) -m pytest $(PARALLEL) $(ROUNDING_TESTS) \
+		-m "not lifecycle" -k "not (test_cell_trains and bf16)"
 
 # on a machine with a CUDA GPU: the configuration space on the GPU and one timed SimCLR epoch
 gpu: $(STAMP)

@@ -93,9 +93,9 @@ def _is_trainer(pid: int, launcher: int, nproc: int) -> bool:
 def run(name: str, data: str, steps: int, log_every: int, out: Path, overrides: list[str]) -> dict:
     nproc, threads, batch = RUNS[name]
     args = ["train", "--method", "simclr", "--data", data, "--epochs", "1", "--batch-size", str(batch), "--out",
-            str(out), "--overwrite", "--no-progress", "--set", "encoder.width=0.25", "--set", f"train.num_threads={threads}",
-            "--set", f"train.log_every={log_every}", "--set", "train.knn_every=0",
-            "--set", "train.precision=fp32"]  # auto would pick bf16 on a CPU with AMX
+            str(out), "--overwrite", "--no-progress", "--set", "encoder.width=0.25",
+            "--set", f"train.num_threads={threads}", "--set", f"train.log_every={log_every}",
+            "--set", "train.knn_every=0", "--set", "train.precision=fp32"]  # auto would pick bf16 on a CPU with AMX
     args += [arg for override in overrides for arg in ("--set", override)]
     cmd = [sys.executable, "-m", "kontrast.cli", *args]
     if nproc > 1:  # `kontrast train --nproc N`, with the collectives timed
@@ -129,7 +129,8 @@ def run(name: str, data: str, steps: int, log_every: int, out: Path, overrides: 
     comm = {}
     for path in out.parent.glob(f"{out.name}-collectives.*.json"):
         record = json.loads(path.read_text())
-        comm[record["rank"]] = sum(sec for name, (_, sec) in record["calls"].items() if name != "barrier")  # not the start's
+        # the start's barrier left out
+        comm[record["rank"]] = sum(sec for name, (_, sec) in record["calls"].items() if name != "barrier")
     steps_run = rows[-1]["step"]
     return {"run": name, "processes": nproc, "threads": threads, "batch": batch, "windows": len(rates),
             "img_per_s": round(img_s, 1), "step_ms": round(1000 * batch / img_s, 1),
@@ -158,11 +159,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeat):
             for name in args.runs.split(","):
-                measured.setdefault(name, []).append(run(name, args.data, args.steps, args.log_every, Path(tmp) / f"{name}-{i}",
-                                                       args.set))
+                measured.setdefault(name, []).append(run(name, args.data, args.steps, args.log_every,
+                                                         Path(tmp) / f"{name}-{i}", args.set))
                 print(json.dumps(measured[name][-1]), flush=True)
-    results = {name: {key: statistics.median(r[key] for r in rows) if isinstance(rows[0][key], (int, float)) else rows[0][key]
-                      for key in rows[0]} for name, rows in measured.items()}
+    results = {name: {key: statistics.median(r[key] for r in rows) if isinstance(rows[0][key], (int, float))
+                      else rows[0][key] for key in rows[0]} for name, rows in measured.items()}
     if args.repeat > 1:
         print("medians:", json.dumps(results))
         if {"1x2", "2x1"} <= measured.keys():

@@ -47,7 +47,8 @@ def main() -> None:
             encoder = resnet18(width=width, stem="cifar")
             y = x
             if layout == "channels_last":
-                encoder, y = encoder.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last)
+                encoder = encoder.to(memory_format=torch.channels_last)
+                y = x.contiguous(memory_format=torch.channels_last)
             row[f"{layout}_joint"] = images_per_s(encoder, [y], a.iters)
             row[f"{layout}_per_view"] = images_per_s(encoder, list(y.chunk(2)), a.iters)
         print(json.dumps(row), flush=True)

@@ -36,7 +36,8 @@ def worker(bind: bool) -> None:
     for compute in (False, True):
         for n in (129, 1025):  # 2C + 1 values: the BN statistics of 64 and 512 channels
             x, out = torch.randn(n), torch.empty(world * n)
-            calls = {"all_reduce": lambda: dist.all_reduce(x), "all_gather_single": lambda: dist.all_gather_single(out, x)}
+            calls = {"all_reduce": lambda: dist.all_reduce(x),
+                     "all_gather_single": lambda: dist.all_gather_single(out, x)}
             for name, call in calls.items():
                 for _ in range(20):
                     call()
@@ -61,9 +62,11 @@ def main() -> None:
     if "--worker" in sys.argv:
         worker("--bind" in sys.argv)
         return
-    print(f"cpu capability: {torch.backends.cpu.get_cpu_capability()}, cores: {os.cpu_count()}, torch {torch.__version__}")
+    print(f"cpu capability: {torch.backends.cpu.get_cpu_capability()}, cores: {os.cpu_count()}, "
+          f"torch {torch.__version__}")
     for bind in (False, True):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", __file__, "--worker"]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", __file__,
+               "--worker"]
         subprocess.run(cmd + (["--bind"] if bind else []), check=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
                        stderr=subprocess.DEVNULL)
     print("command: .venv/bin/python benchmarks/gloo_latency.py")

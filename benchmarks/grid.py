@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from kontrast.bench import runs
-from kontrast.bench.options import BenchOptions, TRAIN_SETTINGS
+from kontrast.bench.options import TRAIN_SETTINGS, BenchOptions
 from kontrast.bench.report import train_run
 from kontrast.precision import choose_precision, native_bf16
 
@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", default=os.environ.get("BENCH_DATA") or relative(data), help="kontrast's training source")
     p.add_argument("--peer-python", default=os.environ.get("PEER_PYTHON"), help="python of the peer's venv")
     p.add_argument("--peer-data", default=os.environ.get("PEER_CIFAR10"), help="the extracted CIFAR-10 folder")
-    p.add_argument("--peer-script", default=os.environ.get("PEER_SCRIPT") or relative(SHARED / "bench/lightly_simclr.py"))
+    p.add_argument("--peer-script",
+                   default=os.environ.get("PEER_SCRIPT") or relative(SHARED / "bench/lightly_simclr.py"))
     p.add_argument("--widths", default="0.25,0.5,1")
     p.add_argument("--batches", default="128,256,512")
     p.add_argument("--steps", type=int, default=12, help="steps per run below width 1")

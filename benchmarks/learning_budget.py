@@ -35,18 +35,24 @@ from learning.test_learning import GAIN, VIT_BUDGET, run_learning  # noqa: E402
 EXTRA_BUDGETS = {"moco_v3_vit": ("moco_v3", VIT_BUDGET)}
 
 
+def _budget(run: dict) -> tuple:
+    """What a run's budget was: epochs, images, size and any --set overrides."""
+    return run["epochs"], run["limit"], run["size"], tuple(run.get("set", ()))
+
+
 def report(files: list[str]) -> str:
     """The table of docs/lab/learning-tests.md: per method (its latest budget in the files), the gain of the trained
     over the untrained encoder's kNN for every seed under every kernel set, their spread, the worst gain in units of
     the spread, and the worst gain's margin over the test's line (GAIN)."""
     runs = [{"kernels": label, **json.loads(line)} for label, path in (f.split("=", 1) for f in files)
             for line in Path(path).read_text().splitlines() if line.strip()]
-    out = ["| method | epochs | gains (kNN trained - untrained), seed 0/1/2 per kernel set | spread | worst gain | "
-           f"worst / spread | worst - line ({GAIN}) |", "|---|---|---|---|---|---|---|"]
+    out = ["| method | budget (epochs x images) | gains (kNN trained - untrained), seed 0/1/2 per kernel set | spread "
+           f"| worst gain | worst / spread | worst - line ({GAIN}) |", "|---|---|---|---|---|---|---|"]
     for method in dict.fromkeys(r["method"] for r in runs):
         mine = [r for r in runs if r["method"] == method]
-        epochs = mine[-1]["epochs"]
-        mine = [r for r in mine if r["epochs"] == epochs]
+        budget = _budget(mine[-1])  # the latest budget tried: its runs only
+        mine = [r for r in mine if _budget(r) == budget]
+        epochs = f"{budget[0]} x {budget[1]} at {budget[2]} px" + (" " + " ".join(budget[3]) if budget[3] else "")
         by_kernels = {}
         for r in mine:
             by_kernels.setdefault(r["kernels"], {})[r["seed"]] = r["knn_trained"] - r["knn_untrained"]
@@ -72,6 +78,9 @@ def main() -> None:
     p.add_argument("--epochs", type=int, help="override the entry's epochs")
     p.add_argument("--limit", type=int, help="override the entry's training images")
     p.add_argument("--precision", choices=("auto", "fp32", "bf16"), help="override the entry's precision")
+    p.add_argument("--size", type=int, help="override the entry's image size (px)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one setting of the entry (e.g. method.temperature=0.2); repeatable")
     p.add_argument("--out", help="append one JSON line per run to this file")
     args = p.parse_args()
     budgets = yaml.safe_load((ROOT / "configs/short_budget.yaml").read_text())
@@ -83,11 +92,16 @@ def main() -> None:
             budget = json.loads(json.dumps(base))
             test = budget.setdefault("test", {})
             test.update({k: v for k, v in (("epochs", args.epochs), ("limit", args.limit),
-                                           ("precision", args.precision)) if v is not None})
+                                           ("precision", args.precision), ("size", args.size)) if v is not None})
+            for item in args.set:
+                key, value = item.split("=", 1)
+                section, field = key.split(".", 1)
+                budget.setdefault(section, {})[field] = yaml.safe_load(value)
             with tempfile.TemporaryDirectory() as tmp:
                 start = time.perf_counter()
                 result = run_learning(name, budget, Path(tmp), Path(args.data), seed=seed)
-                result.update(method=entry, seed=seed, wall_s=round(time.perf_counter() - start, 1))
+                result.update(method=entry, seed=seed, wall_s=round(time.perf_counter() - start, 1),
+                              **({"set": args.set} if args.set else {}))
             print(json.dumps(result), flush=True)
             if args.out:
                 with open(args.out, "a") as f:

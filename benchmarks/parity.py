@@ -54,9 +54,10 @@ METHOD_FLAGS = {
     "byol": {"proj_hidden": "proj-hidden", "proj_dim": "proj-dim", "pred_hidden": "pred-hidden",
              "base_momentum": "ema-momentum"},
     "swav": {"temperature": "temperature", "num_prototypes": "num-prototypes", "proj_hidden": "proj-hidden",
-             "proj_dim": "proj-dim", "sinkhorn_epsilon": "sinkhorn-epsilon", "sinkhorn_iterations": "sinkhorn-iterations",
-             "queue_size": "queue-size", "queue_start_epochs": "queue-start-epochs",
-             "freeze_prototypes_epochs": "freeze-prototypes-epochs", "global_views": "global-views"},
+             "proj_dim": "proj-dim", "sinkhorn_epsilon": "sinkhorn-epsilon",
+             "sinkhorn_iterations": "sinkhorn-iterations", "queue_size": "queue-size",
+             "queue_start_epochs": "queue-start-epochs", "freeze_prototypes_epochs": "freeze-prototypes-epochs",
+             "global_views": "global-views"},
     "simsiam": {"proj_hidden": "proj-hidden", "proj_dim": "proj-dim", "pred_hidden": "pred-hidden",
                 "stop_gradient": "stop-gradient", "fix_pred_lr": "fix-pred-lr"},
 }
@@ -70,8 +71,10 @@ NO_EFFECT = {"train": {"log_every", "knn_every", "knn_max_train", "knn_max_test"
              # mode / workers / memory_budget: the CIFAR archive is always read into memory (never streamed)
              "data": {"source", "skip_bad_images", "cache_dir", "mode", "workers", "memory_budget"},
              "eval": {"linear_epochs", "linear_weight_decay", "batch_size"}}
-OFF_BY_DEFAULT = ("depth", "patch_size", "freeze_patch_embed", "drop_path")  # ViT / amdim options: the peer's ResNet has none
-OPTIM_OFF = {"weight_decay_end": None, "clip_grad": 0.0}  # optimizer options the peer script has not: at these, no effect
+# ViT / amdim options: the peer's ResNet has none
+OFF_BY_DEFAULT = ("depth", "patch_size", "freeze_patch_embed", "drop_path")
+# optimizer options the peer script has not: at these, no effect
+OPTIM_OFF = {"weight_decay_end": None, "clip_grad": 0.0}
 HANDLED = {"train": {"epochs", "batch_size", "accumulate", "seed", "precision", "channels_last", "device", "compile"},
            "data": {"size", "limit"}, "eval": {"knn_k", "knn_temperature"},
            "encoder": {"name", "stem", "width", "zero_init_residual", "torch_init", "weights", *OFF_BY_DEFAULT},
@@ -338,7 +341,8 @@ def table(rows: list[dict]) -> str:
             latest[(r["method"], r["epochs"], r["train_limit"], r["width"], r["batch"], tuple(r.get("set", [])),
                     r["seed"])] = r
     groups: dict = {}
-    for key, r in sorted(latest.items(), key=lambda kv: (METHODS.index(kv[0][0]) if kv[0][0] in METHODS else 99, kv[0])):
+    for key, r in sorted(latest.items(),
+                         key=lambda kv: (METHODS.index(kv[0][0]) if kv[0][0] in METHODS else 99, kv[0])):
         groups.setdefault(key[:-1], []).append(r)
     out = ["| method | images × epochs | seeds | kontrast kNN | peer kNN | gap (kontrast − peer) | kontrast img/s | "
            "peer img/s | same images |", "|---|---|---|---|---|---|---|---|---|"]
@@ -403,7 +407,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "same thing (recorded as reused_from), instead of training the peer again")
     p.add_argument("--dry-run", action="store_true", help="print both commands and the differences, run nothing")
     p.add_argument("--allow-unmatched", action="store_true", help="run even if a config field cannot be passed")
-    p.add_argument("--peer-lars-clip", action="store_true", help="peer: emulate kontrast's clipped LARS (not lightly's)")
+    p.add_argument("--peer-lars-clip", action="store_true",
+                   help="peer: emulate kontrast's clipped LARS (not lightly's)")
     p.add_argument("--peer-stem-relu", action="store_true", help="peer: keep the stem ReLU lightly's idiom drops")
     p.add_argument("--peer-extra", action="append", default=[], metavar="ARG",
                    help="extra argument for the peer script (repeat), e.g. --peer-extra=--knn-max-train=2000")

@@ -44,7 +44,8 @@ ROOT = Path(__file__).resolve().parents[1]
 BUDGET = yaml.safe_load((ROOT / "configs/short_budget.yaml").read_text())
 
 
-SECTIONS = ("method", "encoder", "optim", "augment")  # a short_budget.yaml entry's config overlay (`test:` is the test's own)
+# a short_budget.yaml entry's config overlay (`test:` is the test's own)
+SECTIONS = ("method", "encoder", "optim", "augment")
 
 
 def overrides(entry: dict) -> list[str]:
@@ -141,7 +142,8 @@ def main() -> None:
     done = {json.loads(line)["method"]: json.loads(line) for line in args.table.read_text().splitlines()} \
         if args.table.exists() else {}
     splits = load_images(args.data, "train"), load_images(args.data, "test")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=ROOT).stdout.strip()
     cache: dict = {}
     rows = [args.row] if args.row else args.methods.split(",")
     for name in args.methods.split(","):
@@ -152,8 +154,8 @@ def main() -> None:
         print(f"{name}: {shlex.join(cmd)}", flush=True)
         summary, wall, cpu = run_timed(cmd)
         summary = json.loads(summary.strip().splitlines()[-1])
-        scores, _, _ = run_timed([str(ROOT / ".venv/bin/kontrast"), "eval", "--checkpoint", str(args.runs / run_name(name, args)),
-                                  "--json", "--no-clustering"])
+        scores, _, _ = run_timed([str(ROOT / ".venv/bin/kontrast"), "eval",
+                                  "--checkpoint", str(args.runs / run_name(name, args)), "--json", "--no-clustering"])
         scores = json.loads(scores)
         row = {"method": label, "knn_untrained": untrained_knn(name, args, splits, cache),
                "knn_top1": scores["knn_top1"], "linear_top1": scores["linear_top1"],

@@ -102,9 +102,11 @@ def decode(args) -> None:
         row["torchvision_io_only"] = _rate(views.__getitems__, n, args.seconds, args.batch)
         stream_dataset.decode_crops = pil_crops
         if args.peer_python:
-            for name, extra in (("peer_imagefolder_simclrtransform", []), ("peer_imagefolder_crops_only", ["--crop-only"])):
+            for name, extra in (("peer_imagefolder_simclrtransform", []),
+                                ("peer_imagefolder_crops_only", ["--crop-only"])):
                 out = subprocess.run([args.peer_python, str(DECODE_PEER), "--data", args.data, "--size", str(size),
-                                      "--seconds", str(args.seconds), *extra], capture_output=True, text=True, check=True)
+                                      "--seconds", str(args.seconds), *extra],
+                                     capture_output=True, text=True, check=True)
                 row[name] = json.loads(out.stdout.strip().splitlines()[-1])["img_per_s"]
             row["kontrast_vs_peer"] = row["kontrast"] / row["peer_imagefolder_simclrtransform"]
             row["kontrast_vs_peer_crops_only"] = row["kontrast"] / row["peer_imagefolder_crops_only"]
@@ -195,17 +197,20 @@ def train(args) -> None:
         rates = [json.loads(x).get("img_per_s") for x in (out / "metrics.jsonl").read_text().splitlines()]
         rates = [r for r in rates if r]
         ours = {"side": "kontrast", **row, "img_per_s": summary["img_per_s"],
-                "img_per_s_steady": round(sum(rates[1:]) / max(1, len(rates[1:])), 1), "command": "kontrast " + " ".join(cmd[3:])}
+                "img_per_s_steady": round(sum(rates[1:]) / max(1, len(rates[1:])), 1),
+                "command": "kontrast " + " ".join(cmd[3:])}
         print(json.dumps(ours), flush=True)
         if args.peer_python:
             peer_cmd = [args.peer_python, str(PEER_SCRIPT), "--data", args.data, "--size", "96", "--stem", "imagenet",
-                        "--steps", str(args.steps), "--batch", str(args.batch), "--workers", "2", "--threads", str(args.threads)]
+                        "--steps", str(args.steps), "--batch", str(args.batch), "--workers", "2",
+                        "--threads", str(args.threads)]
             row = measure(peer_cmd, work / f"peer-{rep}.log")
             res = json.loads((work / f"peer-{rep}.log").read_text().strip().splitlines()[-1])
             print(json.dumps({"side": "peer", **row, "img_per_s_wall": round(res["img_per_s_wall"], 1),
                               "img_per_s_compute": round(res["img_per_s_compute"], 1),
                               "ratio_kontrast_over_peer": round(ours["img_per_s"] / res["img_per_s_wall"], 3),
-                              "ratio_steady_over_peer_compute": round(ours["img_per_s_steady"] / res["img_per_s_compute"], 3),
+                              "ratio_steady_over_peer_compute":
+                                  round(ours["img_per_s_steady"] / res["img_per_s_compute"], 3),
                               "command": " ".join(peer_cmd)}), flush=True)
 
 

@@ -42,7 +42,7 @@ import shlex
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from kontrast.checkpoint import save_checkpoint
@@ -313,7 +313,7 @@ def main(argv=None) -> None:
         for seed in (int(s) for s in a.seeds.split(",")):
             for side in (sides if seed % 2 == 0 else sides[::-1]):  # interleaved: who goes first alternates
                 row = ours(a, seed) if side == "ours" else peer(a, seed)
-                row.update(budget_s=a.budget_s, when=datetime.now(timezone.utc).isoformat(timespec="minutes"),
+                row.update(budget_s=a.budget_s, when=datetime.now(UTC).isoformat(timespec="minutes"),
                            load_after=round(os.getloadavg()[0], 2))
                 with open(a.out, "a") as f:
                     f.write(json.dumps(row) + "\n")

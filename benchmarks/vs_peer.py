@@ -122,7 +122,8 @@ def train_vs_peer(opts: BenchOptions, peer: Peer) -> dict:
         if "peer" in entry:
             p = entry["peer"]
             entry["ratio"] = round(o["img_per_s"] / p["img_per_s"], 2)
-            line += f" | peer {p['img_per_s']:7.1f} img/s, peak RSS {p['peak_rss_mib']} MiB | ours/peer {entry['ratio']:.2f}x"
+            line += (f" | peer {p['img_per_s']:7.1f} img/s, peak RSS {p['peak_rss_mib']} MiB"
+                     f" | ours/peer {entry['ratio']:.2f}x")
         result["settings"][setting] = entry
         opts.log(line)
         opts.log(f"  ours: {o['command']}")
@@ -140,7 +141,8 @@ def _summarise(result: dict, opts: BenchOptions) -> None:
     compiled = result["settings"].get("bf16_cl_compile")
     if compiled and "peer" in compiled:  # compiling takes minutes once per process: compare steady rates
         ours = compiled["ours"]["img_per_s_steady"]
-        result["compiled_steady_vs_peer_fp32"] = round(ours / got["fp32"]["peer"]["img_per_s"], 2) if "fp32" in got else None
+        result["compiled_steady_vs_peer_fp32"] = (round(ours / got["fp32"]["peer"]["img_per_s"], 2)
+                                                  if "fp32" in got else None)
         result["compiled_steady_vs_peer_best"] = round(ours / max(e["peer"]["img_per_s"] for e in
                                                                   result["settings"].values()), 2)
         opts.log(f"with train.compile, steady rate (first logging window, which holds the compile, left out) "
@@ -151,7 +153,8 @@ def _summarise(result: dict, opts: BenchOptions) -> None:
         result["ours_best_vs_peer_fp32"] = round(best / got["fp32"]["peer"]["img_per_s"], 2)
         result["ours_best_vs_peer_best"] = round(best / max(got[s]["peer"]["img_per_s"] for s in got), 2)
         opts.log(f"ours at its best vs the peer's default (fp32): {result['ours_best_vs_peer_fp32']:.2f}x "
-                 f"(target {TARGETS['train_vs_peer_fp32']}x); vs the peer's best: {result['ours_best_vs_peer_best']:.2f}x "
+                 f"(target {TARGETS['train_vs_peer_fp32']}x); "
+                 f"vs the peer's best: {result['ours_best_vs_peer_best']:.2f}x "
                  f"(target {train_target('train_vs_peer_best', opts.width)}x)")
 
 
@@ -177,7 +180,8 @@ def accuracy_vs_peer(opts: BenchOptions, peer: Peer) -> dict:
         result["settings"][setting] = entry
         opts.log(f"{setting:8s} ours kNN {ours['knn_top1']:.4f}"
                  + (f" | peer kNN {entry['peer']['knn_top1']:.4f}" if "peer" in entry else ""))
-        opts.log(f"  ours: {entry['ours']['command']}" + (f"\n  peer: {entry['peer']['command']}" if "peer" in entry else ""))
+        opts.log(f"  ours: {entry['ours']['command']}"
+                 + (f"\n  peer: {entry['peer']['command']}" if "peer" in entry else ""))
     return result
 
 
@@ -208,7 +212,8 @@ def judge(result: dict, width: float) -> dict:
         refs = {f"peer {s}": e["peer"]["knn_top1"] for s, e in acc.items() if "peer" in e}
         refs.update({"ours fp32": acc["fp32"]["ours"]["knn_top1"]} if "fp32" in acc else {})
         out["accuracy_at_fast_defaults"] = (f"{'met' if all(fast >= r for r in refs.values()) else 'NOT met'}: "
-                                            f"bf16_cl kNN {fast:.4f} vs " + ", ".join(f"{k} {v:.4f}" for k, v in refs.items()))
+                                            f"bf16_cl kNN {fast:.4f} vs "
+                                            + ", ".join(f"{k} {v:.4f}" for k, v in refs.items()))
     train = result.get("train", {})
     if "ours_best_vs_peer_fp32" in train:
         for key, target in (("ours_best_vs_peer_fp32", "train_vs_peer_fp32"),
@@ -246,7 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="python of the peer's venv (env PEER_PYTHON); no peer without it")
     parser.add_argument("--peer-data", default=os.environ.get("PEER_CIFAR10"),
                         help="the extracted CIFAR-10 folder (train/, test/) the peer reads (env PEER_CIFAR10)")
-    parser.add_argument("--peer-script", default=os.environ.get("PEER_SCRIPT") or relative(SHARED / "bench/lightly_simclr.py"),
+    parser.add_argument("--peer-script",
+                        default=os.environ.get("PEER_SCRIPT") or relative(SHARED / "bench/lightly_simclr.py"),
                         help="the peer baseline (env PEER_SCRIPT; default: %(default)s)")
     parser.add_argument("--accuracy", action="store_true", help="also kNN top-1 after --accuracy-epochs, ours and peer")
     parser.add_argument("--accuracy-epochs", type=int, default=5)

@@ -1,7 +1,7 @@
 """Checksums of the final weights of short training runs: the bit-identity check of a refactor.
 
-Trains each method (every registered one by default) for 20 steps on the built-in ``shapes`` data through the CLI (one thread,
-fixed seed), then hashes every tensor of the last checkpoint's ``model.safetensors`` by name.
+Trains each method (every registered one by default) for 20 steps on the built-in ``shapes`` data through the CLI
+(one thread, fixed seed), then hashes every tensor of the last checkpoint's ``model.safetensors`` by name.
 Run it at two commits and compare:
 
     python benchmarks/weights_checksum.py --out before.json            # at the old commit

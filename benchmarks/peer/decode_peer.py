@@ -21,7 +21,8 @@ p = argparse.ArgumentParser()
 p.add_argument("--data", required=True, help="folder holding train/ (ImageFolder layout)")
 p.add_argument("--size", type=int, default=96)
 p.add_argument("--seconds", type=float, default=15.0)
-p.add_argument("--crop-only", action="store_true", help="two RandomResizedCrops only (decode + crop, as kontrast's worker)")
+p.add_argument("--crop-only", action="store_true",
+               help="two RandomResizedCrops only (decode + crop, as kontrast's worker)")
 p.add_argument("--loader", action="store_true", help="a DataLoader with 2 workers, as lightly_simclr.py feeds training")
 p.add_argument("--steps", type=int, default=20)
 p.add_argument("--batch", type=int, default=128)
@@ -54,4 +55,5 @@ while time.perf_counter() - start < a.seconds:
     views, _ = train[done % len(train)]
     done += 1
 wall = time.perf_counter() - start
-print(json.dumps({"size": a.size, "crop_only": a.crop_only, "img_per_s": done / wall, "views": len(views), "images": done}))
+print(json.dumps({"size": a.size, "crop_only": a.crop_only, "img_per_s": done / wall, "views": len(views),
+                  "images": done}))

@@ -36,25 +36,50 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torchvision
 import torchvision.transforms as T
-from torch.utils.data import DataLoader, Subset
-
 from lightly.loss import NegativeCosineSimilarity, NTXentLoss, SwaVLoss
 from lightly.models import ResNetGenerator
-from lightly.models.resnet import BasicBlock, Bottleneck
-from lightly.models.modules import (BYOLPredictionHead, BYOLProjectionHead, MoCoProjectionHead,
-                                    SimSiamPredictionHead, SwaVProjectionHead, SwaVPrototypes)
+from lightly.models.modules import (
+    BYOLPredictionHead,
+    BYOLProjectionHead,
+    MoCoProjectionHead,
+    SimSiamPredictionHead,
+    SwaVProjectionHead,
+    SwaVPrototypes,
+)
 from lightly.models.modules.heads import ProjectionHead
 from lightly.models.modules.memory_bank import MemoryBankModule
-from lightly.models.utils import (batch_shuffle, batch_unshuffle, deactivate_requires_grad,
-                                  get_weight_decay_parameters, update_momentum)
-from lightly.transforms import (BYOLTransform, BYOLView1Transform, BYOLView2Transform, MoCoV2Transform,
-                                SimCLRTransform, SimSiamTransform, SwaVTransform)
+from lightly.models.resnet import BasicBlock, Bottleneck
+from lightly.models.utils import (
+    batch_shuffle,
+    batch_unshuffle,
+    deactivate_requires_grad,
+    get_weight_decay_parameters,
+    update_momentum,
+)
+from lightly.transforms import (
+    BYOLTransform,
+    BYOLView1Transform,
+    BYOLView2Transform,
+    MoCoV2Transform,
+    SimCLRTransform,
+    SimSiamTransform,
+    SwaVTransform,
+)
 from lightly.utils.lars import LARS
 from lightly.utils.scheduler import cosine_schedule, cosine_warmup_schedule
+from torch.utils.data import DataLoader, Subset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peer_common import (LARS_NOTE, chosen_images, effective_blur_std, full_view, knn_top1,  # noqa: E402
-                         kontrast_subset, paths_digest, sorted_order)
+from peer_common import (  # noqa: E402
+    LARS_NOTE,
+    chosen_images,
+    effective_blur_std,
+    full_view,
+    knn_top1,
+    kontrast_subset,
+    paths_digest,
+    sorted_order,
+)
 
 METHODS = ("simclr", "moco_v2", "byol", "swav", "simsiam")
 def _view(**kw) -> dict:
@@ -98,7 +123,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--data", required=True, help="folder with train/ and test/ (ImageFolder layout)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epochs", type=int, default=5)
-    p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (smoke tests; schedule unchanged)")
+    p.add_argument("--max-steps", type=int, default=0,
+                   help="stop after this many steps (smoke tests; schedule unchanged)")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--train-limit", type=int, default=0, help="train on this many images (kontrast's data.limit)")
     p.add_argument("--width", type=float, default=0.25)
@@ -194,7 +220,8 @@ def build_transform(a, notes: list):
     if a.method == "swav":  # multi-crop: one colour pipeline, crops grouped by size
         groups: list[dict] = []
         for v in views:
-            if groups and v["size"] == groups[-1]["view"]["size"] and v["crop_scale"] == groups[-1]["view"]["crop_scale"]:
+            if (groups and v["size"] == groups[-1]["view"]["size"]
+                    and v["crop_scale"] == groups[-1]["view"]["crop_scale"]):
                 groups[-1]["count"] += 1
             else:
                 groups.append({"view": v, "count": 1})
@@ -358,8 +385,8 @@ class SwAV(nn.Module):
         super().__init__()
         self.backbone = backbone
         self.projection_head = SwaVProjectionHead(dim, a.proj_hidden, a.proj_dim)
-        self.prototypes = SwaVPrototypes(a.proj_dim, a.num_prototypes,
-                                         n_steps_frozen_prototypes=round(a.freeze_prototypes_epochs * a.steps_per_epoch))
+        frozen_steps = round(a.freeze_prototypes_epochs * a.steps_per_epoch)
+        self.prototypes = SwaVPrototypes(a.proj_dim, a.num_prototypes, n_steps_frozen_prototypes=frozen_steps)
         self.criterion = SwaVLoss(temperature=a.temperature, sinkhorn_iterations=a.sinkhorn_iterations,
                                   sinkhorn_epsilon=a.sinkhorn_epsilon)
         self.global_views, self.queue_size, self.queue_start = a.global_views, a.queue_size, a.queue_start_epochs
@@ -564,7 +591,8 @@ def main(argv=None) -> int:
     t_eval = time.perf_counter()
     top1 = knn_score(backbone, a, paths)
     settings = {k: v for k, v in vars(a).items() if k not in ("data",)}
-    print(json.dumps({"method": a.method, "seed": a.seed, "knn_top1": top1, "img_per_s": round(step * a.batch / wall, 1),
+    print(json.dumps({"method": a.method, "seed": a.seed, "knn_top1": top1,
+                      "img_per_s": round(step * a.batch / wall, 1),
                       "img_per_s_compute": round(step * a.batch / max(compute, 1e-9), 1), "steps": step,
                       "epochs": a.epochs, "train_images": len(data), "train_subset_sha": digest,
                       "wall_s": round(wall, 1), "eval_s": round(time.perf_counter() - t_eval, 1),

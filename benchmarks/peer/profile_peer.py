@@ -6,7 +6,8 @@ ends with nothing pending (CPU ops are synchronous). Prints one JSON line: the m
 over --steps steps after --warmup, and "encoder" = the backbone's forward + backward on the step's two views
 (replayed after the step, as `kontrast bench --sections step` replays kontrast's). Run in the peer's venv:
 
-    PEER_VENV/bin/python benchmarks/peer/profile_peer.py --data CIFAR10_DIR --width 0.5 --batch 384 --threads 2 [--channels-last]
+    PEER_VENV/bin/python benchmarks/peer/profile_peer.py --data CIFAR10_DIR --width 0.5 --batch 384 --threads 2 \
+        [--channels-last]
 """
 import argparse
 import json

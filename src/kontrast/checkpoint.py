@@ -20,8 +20,9 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -160,7 +161,8 @@ def save_checkpoint(
 
 def _earlier(path: Path) -> str:
     """Advice naming the checkpoint before ``path`` in its run, if any."""
-    others = [p for p in checkpoint_dirs(path.parent.parent) if p.name < path.name] if path.parent.name == "checkpoints" else []
+    others = ([p for p in checkpoint_dirs(path.parent.parent) if p.name < path.name]
+              if path.parent.name == "checkpoints" else [])
     if others:
         return f"delete {path} to resume from {others[-1].name}"
     return "no earlier checkpoint exists; start the run again with --overwrite"
@@ -188,7 +190,8 @@ def _read_tensors(path: Path, name: str, state: dict) -> dict[str, torch.Tensor]
     try:
         data = file.read_bytes()
     except OSError as exc:
-        raise UserError(f"checkpoint file {file} is missing or unreadable ({exc.strerror}); {_earlier(Path(path))}") from None
+        raise UserError(f"checkpoint file {file} is missing or unreadable ({exc.strerror}); "
+                        f"{_earlier(Path(path))}") from None
     expected = state.get("files", {}).get(name)
     if expected is not None and _sha256(data) != expected:
         raise UserError(f"checkpoint file {file} is damaged: {len(data)} bytes whose sha256 differs from the "
@@ -196,7 +199,8 @@ def _read_tensors(path: Path, name: str, state: dict) -> dict[str, torch.Tensor]
     try:
         return load_bytes(data)
     except (SafetensorError, ValueError, RuntimeError) as exc:
-        raise UserError(f"checkpoint {file} is damaged or not a safetensors file ({exc}); {_earlier(Path(path))}") from None
+        raise UserError(f"checkpoint {file} is damaged or not a safetensors file ({exc}); "
+                        f"{_earlier(Path(path))}") from None
 
 
 def _check_fits(file: Path, tensors: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:

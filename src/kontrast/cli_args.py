@@ -110,13 +110,15 @@ def _outputs_args(sub) -> None:
     p.add_argument("--out", required=True, help="folder to write backbone.safetensors and backbone.json into")
     p.add_argument("--format", choices=["torchvision", "timm"], default="torchvision",
                    help="key names of the file: torchvision's (the default; kontrast's ResNets and ViTs carry them) "
-                   "or timm's (timm.create_model(..., pretrained=False) loads it strictly; backbone.json gives the call)")
+                   "or timm's (timm.create_model(..., pretrained=False) loads it strictly; "
+                   "backbone.json gives the call)")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it holds files")
     p = sub.add_parser("report", help="one self-contained HTML page: curves, embedding map, neighbours, views")
     p.add_argument("run", nargs="?", help="run directory (or give it as --checkpoint, as the other commands)")
     p.add_argument("--checkpoint", help="run directory or one checkpoint folder")
     p.add_argument("--out", help="HTML file to write (default: RUN/report.html)")
-    p.add_argument("--limit", type=int, default=2000, help="images in the map and the neighbours (default: %(default)s)")
+    p.add_argument("--limit", type=int, default=2000,
+                   help="images in the map and the neighbours (default: %(default)s)")
     p.add_argument("--device", default="cpu", help=DEVICE_HELP)
     _precision_arg(p)
 
@@ -221,7 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--config", help="YAML recipe (see configs/)")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. optim.lr=0.1")
     c.add_argument("--reference", action="store_true", help="every command and every key of every method, as Markdown")
-    c = sub.add_parser("captions", help="write a JSONL of image paths + captions made from an ImageFolder's class names")
+    c = sub.add_parser("captions",
+                       help="write a JSONL of image paths + captions made from an ImageFolder's class names")
     c.add_argument("--data", required=True, help="ImageFolder directory (class sub-folders)")
     c.add_argument("--out", required=True, help="output .jsonl (image paths relative to its folder)")
     c.add_argument("--seed", type=int, default=0, help="template choice per image")
@@ -244,7 +247,8 @@ def commands_markdown(parser: argparse.ArgumentParser) -> str:
         rows = [(", ".join(f"`{o}`" for o in a.option_strings), sub._get_formatter()._expand_help(a) if a.help else "")
                 for a in sub._actions if a.option_strings and a.dest != "help"]
         if rows:
-            out += ["| option | what it does |", "|---|---|", *(f"| {o} | {h.replace('|', chr(92) + '|')} |" for o, h in rows), ""]
+            out += ["| option | what it does |", "|---|---|",
+                    *(f"| {o} | {h.replace('|', chr(92) + '|')} |" for o, h in rows), ""]
     return "\n".join(out)
 
 

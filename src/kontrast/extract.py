@@ -7,7 +7,7 @@ only in their dims and where batch-norm sits.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn as nn

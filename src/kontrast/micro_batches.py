@@ -23,7 +23,7 @@ plain batch computes for a network without BatchNorm (a ViT).
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn as nn
@@ -63,7 +63,8 @@ def in_micro_batches(fn: Callable[..., Output], views: Sequence[torch.Tensor], c
 
 
 def _rows_in_view_order(parts: list[torch.Tensor], n_views: int, b: int) -> torch.Tensor:
-    """Micro-batch outputs ``[V b, ...]`` each -> ``[V B, ...]``: view 1's rows of every micro-batch, then view 2's..."""
+    """Micro-batch outputs ``[V b, ...]`` each -> ``[V B, ...]``: view 1's rows of every micro-batch, then
+    view 2's..."""
     if any(p.shape[0] != n_views * b for p in parts):
         raise ValueError(f"a micro-batched function must keep its rows: {n_views * b} in, {parts[0].shape[0]} out")
     return torch.cat([p[j * b:(j + 1) * b] for j in range(n_views) for p in parts])  # [V B, ...]

@@ -7,7 +7,8 @@ modules, so no module imports the package that imports it.
 
 from __future__ import annotations
 
-from typing import Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 from kontrast.errors import UserError, did_you_mean
 

@@ -13,8 +13,8 @@ softmax ignores: Gaussian-kernel InfoNCE *is* cosine InfoNCE there.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F

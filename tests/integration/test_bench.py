@@ -4,7 +4,6 @@ benchmarks/vs_peer.py, which builds the peer comparison and the targets on it (i
 import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -147,7 +146,8 @@ def test_torchvision_pipeline_mirrors_the_spec():
     img = TF.to_pil_image(torch.randint(0, 256, (3, 32, 32), dtype=torch.uint8))
     out = pipe(img)
     assert out.shape == (3, 32, 32) and out.dtype == torch.float32
-    assert "RandomApply" not in [type(t).__name__ for t in torchvision_pipeline(ViewSpec(jitter_p=0.0, blur_p=0.0)).transforms]
+    plain = torchvision_pipeline(ViewSpec(jitter_p=0.0, blur_p=0.0))
+    assert "RandomApply" not in [type(t).__name__ for t in plain.transforms]
     assert isinstance(torchvision_pipeline(get_recipe("infomin")[0]).transforms[-4], v2.RandAugment)
 
 
@@ -178,7 +178,8 @@ def test_accuracy_target_compares_the_fast_default_with_the_peer_and_our_fp32():
 def test_speed_targets_are_judged_in_the_benchmarks_script():
     """The ≥ 8x augmentation, outside-encoder and train-vs-peer targets, the last one lower at full width."""
     result = {"augment": {"recipes": [{"recipe": "a", "ratio": 9.0}, {"recipe": "b", "ratio": 7.5}]},
-              "step": {"methods": [{"method": "simclr", "outside_encoder": 0.05}, {"method": "byol", "outside_encoder": 0.2},
+              "step": {"methods": [{"method": "simclr", "outside_encoder": 0.05},
+                                   {"method": "byol", "outside_encoder": 0.2},
                                    {"method": "amdim", "encoder_calls": 0}]},
               "train": {"ours_best_vs_peer_fp32": 1.5, "ours_best_vs_peer_best": 1.2}}
     got = vs_peer.judge(result, 0.25)

@@ -14,7 +14,6 @@ from kontrast.cli_args import build_parser
 from support.args import TINY
 
 
-
 def _one_line_error(capsys, *fragments):
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
@@ -189,5 +188,6 @@ def test_load_images_all_is_train_and_test_in_path_order():
 
 def test_embed_says_when_it_creates_the_output_folder(tmp_path, capsys, tiny_simclr_run):
     out = tmp_path / "new" / "dir" / "e.npy"
-    assert main(["embed", "--checkpoint", str(tiny_simclr_run / "checkpoints"), "--out", str(out), "--no-progress"]) == 0
+    assert main(["embed", "--checkpoint", str(tiny_simclr_run / "checkpoints"), "--out", str(out),
+                 "--no-progress"]) == 0
     assert f"(created the folder {out.parent})" in capsys.readouterr().out and out.is_file()

@@ -29,7 +29,8 @@ from support.covering import all_pairs, covering_array, pairs_of
 
 DEVICE = os.environ.get("KONTRAST_TEST_DEVICE", "cpu")  # benchmarks/gpu.sh runs the same cells with cuda
 IMAGE_METHODS = [name for name in METHODS.names() if METHODS.get(name).recipe is not None]
-LARGE = 732  # past every size switch: NT-Xent's row blocks from 2B x 2BW > 2^20 (B > 512 on 1 process, > 724 on 2); 4 | 732
+# past every size switch: NT-Xent's row blocks from 2B x 2BW > 2^20 (B > 512 on 1 process, > 724 on 2); 4 | 732
+LARGE = 732
 ODD = 26  # divides by 2 processes (13 each); not by MoCo's 4 or 8 BN groups, nor by multi-crop's 6 or 8 views
 ENCODERS = {
     "resnet18-cifar": ["encoder.name=resnet18", "encoder.stem=cifar", "encoder.width=0.25"],
@@ -48,18 +49,23 @@ FACTORS = {
     "accumulate": [1, 2],
 }
 # AMDIM and YADIM compare feature maps at three scales: a ViT has one (refused in one line by design, as CPC v2's
-# 8-px patches are on the ImageNet stem; tests/unit/methods/test_sizes.py::test_a_combination_that_cannot_train_is_refused_in_one_line). Large batches at 96 px on the CIFAR stem (16x the ImageNet stem's activations)
-# would cost minutes and cover no pair that other cells do not.
+# 8-px patches are on the ImageNet stem;
+# tests/unit/methods/test_sizes.py::test_a_combination_that_cannot_train_is_refused_in_one_line). Large batches at
+# 96 px on the CIFAR stem (16x the ImageNet stem's activations) would cost minutes and cover no pair that other cells
+# do not.
 MULTISCALE = ("amdim", "yadim")
 
 
 def allowed(cell: dict) -> bool:
     if cell.get("method") in MULTISCALE and cell.get("encoder") == "vit_tiny":
         return False
-    if cell.get("method") in IMAGE_METHODS and METHODS.get(cell["method"]).vit_only and cell.get("encoder", "vit_tiny") != "vit_tiny":
+    if (cell.get("method") in IMAGE_METHODS and METHODS.get(cell["method"]).vit_only
+            and cell.get("encoder", "vit_tiny") != "vit_tiny"):
         return False  # iBOT masks patch tokens: a ResNet is refused in one line (tests/unit/methods/test_sizes.py)
     if cell.get("method") == "cpc_v2" and cell.get("encoder") == "resnet18-imagenet":
-        return False  # 8-px patches through a stem that reduces 32x: refused (tests/unit/methods/test_sizes.py::test_a_combination_that_cannot_train_is_refused_in_one_line)
+        # 8-px patches through a stem that reduces 32x: refused
+        # (tests/unit/methods/test_sizes.py::test_a_combination_that_cannot_train_is_refused_in_one_line)
+        return False
     if (cell.get("batch"), cell.get("size"), cell.get("encoder")) == ("min", "min", "resnet18-imagenet"):
         # the three together (each pair stays covered): 4-px views through a stem that reduces 32x, so every BN
         # from layer 1 on normalises 2 values per channel (batch 2, 1x1 maps); its backward divides by their spread
@@ -85,10 +91,11 @@ POOL = {"cpc": 2, "cpc_v2": 32}  # negatives pooled over this many images (CPC v
 # A batch must cut into micro-batches of 2 or more on every process: the odd batch on 2 processes does not in 2 each.
 REFUSED: list[tuple] = [
     (lambda c: c["method"] in POOL and c["world"] == 2 and batch_of(c) // 2 % POOL[c["method"]],
-     f"'method.negative_pool' ({{pool}}) must divide the batch of each process"),
+     "'method.negative_pool' ({pool}) must divide the batch of each process"),
     (lambda c: batch_of(c) % (c["world"] * c["accumulate"]), "micro-batches of 2 images or more"),
     # multi-crop's local crops at 32 px are 16 px, below what the ImageNet stem takes (32)
-    (lambda c: c["method"] in ("dino", "swav", "lejepa") and c.get("encoder") == "resnet18-imagenet" and c.get("size") == 32,
+    (lambda c: (c["method"] in ("dino", "swav", "lejepa") and c.get("encoder") == "resnet18-imagenet"
+                and c.get("size") == 32),
      "is too small for"),
 ]
 
@@ -148,7 +155,8 @@ def embed_folder(tmp_path_factory) -> Path:
 
 def train_args(cell: dict, data: Path, run: Path) -> list[str]:
     batch = batch_of(cell)
-    sets = [f"data.limit={2 * batch}", "train.log_every=1", "train.num_threads=1", f"train.precision={cell['precision']}"]
+    sets = [f"data.limit={2 * batch}", "train.log_every=1", "train.num_threads=1",
+            f"train.precision={cell['precision']}"]
     if cell["method"] == "cpc":
         source = f"sequences:{max(2 * batch, 8)}"  # (data.limit keeps 2 batches of the 8 the source needs at least)
         sets += ["method.context_dim=32", "method.steps=3", f"method.negative_pool={POOL['cpc']}"]
@@ -210,5 +218,6 @@ def test_cell_trains_resumes_and_embeds_or_refuses_in_one_line(cell, shapes_fold
     assert len(result["losses"]) == 2 and all(np.isfinite(result["losses"])), result["losses"]
     assert result["summary"]["steps"] == 2
     feats = result["features"]
-    rows = max(2 * batch_of(cell), 8) if cell["method"] == "cpc" else 12  # the source's training sequences, or 10 + 2 images
+    # the source's training sequences, or 10 + 2 images
+    rows = max(2 * batch_of(cell), 8) if cell["method"] == "cpc" else 12
     assert feats.shape[0] == rows and feats.ndim == 2 and np.isfinite(feats).all()

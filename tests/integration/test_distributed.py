@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from kontrast.checkpoint import latest_checkpoint
 from kontrast.methods import METHODS
@@ -60,8 +59,8 @@ BATCH = {"moco_v1": 24, "moco_v2": 24}
 # step their one update sits at the schedule's peak, where a nudge moved a weight by 2.7e-4 and 3.7e-4; at 2, 5e-5
 # and 9e-5), whose second step still reads what the first one left.
 STEPS = {"dcl": 2, "dclw": 2, "byol": 2, "instdisc": 2}
-# NCHW: channels_last (`train.channels_last=true`) lets oneDNN pick its convolution algorithm by batch size, and this toy
-# scale amplifies the rounding: SimCLR v2 after 3 steps, 1 process at 1 thread against 2 threads, differs by
+# NCHW: channels_last (`train.channels_last=true`) lets oneDNN pick its convolution algorithm by batch size, and this
+# toy scale amplifies the rounding: SimCLR v2 after 3 steps, 1 process at 1 thread against 2 threads, differs by
 # 2.7e-4 in weights in channels_last and by 1e-7 in NCHW; SimCLR on 3 ranks against 1, 3.7e-5 and 1e-7. The
 # distributed code does not depend on the layout.
 LAYOUT = "train.channels_last=false"
@@ -184,7 +183,7 @@ def test_micro_batches_equal_processes_without_synchronised_bn(name, tmp_path):
             "acc4_nudged": _micro(tmp_path / "acc4_nudged", name, 1, "train.accumulate=4", batch=24, nudge=True)}
     for key, run in runs.items():
         assert run.returncode == 0, (key, _why(run.stderr))
-    assert "gradient caching: the batch of %d in 2 micro-batches of %d" % (batch, batch // 2) in runs["acc"].stdout
+    assert f"gradient caching: the batch of {batch} in 2 micro-batches of {batch // 2}" in runs["acc"].stdout
     floor = {k: floors.difference(tmp_path / k, tmp_path / f"{k}_nudged", bn_statistics=False) for k in ("acc", "acc4")}
     for a, b, base in (("acc", "two", "acc"), ("two_acc", "four", "acc4"), ("acc4", "four", "acc4")):
         assert len(floors.losses(tmp_path / a)) == _micro_steps(name)
@@ -236,6 +235,7 @@ print(json.dumps([before, sorted(bound) if bound is not None else None, sorted(o
 """
 
 
+@pytest.mark.lifecycle
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux's (os.sched_setaffinity)")
 @pytest.mark.parametrize("world, rank, threads", [(2, 0, 1), (2, 1, 1), (1, 0, 1), (2, 1, 64)])
 def test_bind_cores_gives_each_local_rank_its_own_cores_where_they_fit(world, rank, threads):
@@ -276,7 +276,8 @@ def test_a_method_not_verified_across_ranks_is_refused(monkeypatch):
     monkeypatch.setattr(METHODS.get("simclr"), "distributed", False)
     cfg = resolve({"method": {"name": "simclr"}, "train": {"batch_size": 12}})
     check_world(cfg, 1)  # one process: any method
-    with pytest.raises(UserError, match=r"^method 'simclr' does not run on several processes yet \(docs/distributed.md"):
+    with pytest.raises(UserError,
+                       match=r"^method 'simclr' does not run on several processes yet \(docs/distributed.md"):
         check_world(cfg, 2)
 
 
@@ -304,9 +305,11 @@ def _ours(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith(("error:", "stopped:", "warning:"))]
 
 
+@pytest.mark.lifecycle
 def test_a_killed_rank_ends_the_run_and_resume_continues_bit_for_bit(tmp_path):
     """SIGKILL to rank 1 after step 3: rank 0 stops at its next collective (with one line, if torchrun's SIGTERM
-    does not end it first), the launcher names rank 1 and exits 1, checkpoint 2 (the last complete one) stays, and --resume ends where an uninterrupted run ends."""
+    does not end it first), the launcher names rank 1 and exits 1, checkpoint 2 (the last complete one) stays, and
+    --resume ends where an uninterrupted run ends."""
     import time
 
     t0 = time.monotonic()
@@ -330,6 +333,7 @@ def test_a_killed_rank_ends_the_run_and_resume_continues_bit_for_bit(tmp_path):
     assert diff.loss == diff.weights == 0.0  # bit for bit: the same processes, the same arithmetic
 
 
+@pytest.mark.lifecycle
 def test_a_stalled_rank_ends_the_run_after_the_collective_timeout(tmp_path):
     """Rank 1 stops making progress after step 3 without exiting: rank 0 waits ``train.collective_timeout`` (5 s
     here) at its next collective, then stops with one line naming the last good checkpoint; no hang."""
@@ -346,6 +350,7 @@ def test_a_stalled_rank_ends_the_run_after_the_collective_timeout(tmp_path):
     assert latest_checkpoint(tmp_path / "run").name == "step-00000002"  # step 3's needs every rank (as when killed)
 
 
+@pytest.mark.lifecycle
 def test_a_nan_on_one_rank_stops_or_skips_the_step_on_every_rank(tmp_path):
     run = _faulty(tmp_path / "stop", "nan_at_step=3,rank=1")
     assert run.returncode == 2, run.stderr[-2000:]
@@ -363,6 +368,7 @@ def test_a_nan_on_one_rank_stops_or_skips_the_step_on_every_rank(tmp_path):
     assert _ours(skip.stderr) == ["warning: non-finite loss or gradient at step 3; step skipped (1 in a row, 1 in all)"]
 
 
+@pytest.mark.lifecycle
 def test_sigterm_to_the_launcher_checkpoints_once_and_exits_143(tmp_path):
     """SIGTERM to the launcher once rank 0 logged 3 steps: every process stops after the same step and tells the
     launcher it checkpointed there, rank 0 writes that one checkpoint, and the launcher names the step and exits 143.

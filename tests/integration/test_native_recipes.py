@@ -12,7 +12,6 @@ import torch
 import torchvision.transforms.v2.functional as TF
 from PIL import Image
 
-from support.cli import in_process
 from kontrast.augment import (
     NATIVE_SIZE,
     SampleRNG,
@@ -32,6 +31,7 @@ from kontrast.augment.recipes import NATIVE
 from kontrast.data import write_shapes_files
 from kontrast.data.stream_decode import decode_views
 from kontrast.methods import METHODS
+from support.cli import in_process
 
 SIZES = [64, 96, 160, 224]
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -123,7 +123,8 @@ def test_decode_time_crops_of_a_256px_jpeg_match_the_device_at_native_size(size)
 def test_a_run_at_64px_trains_on_the_imagenet_recipe_and_says_so(tmp_path, monkeypatch, capsys):
     root = tmp_path / "shapes"
     write_shapes_files(root, 16, size=72, seed=0)
-    args = ["train", "--data", str(root), "--epochs", "1", "--batch-size", "8", "--no-progress", "--set", "encoder.width=0.125", "--set", "encoder.stem=imagenet", "--set", "data.size=64",
+    args = ["train", "--data", str(root), "--epochs", "1", "--batch-size", "8", "--no-progress",
+            "--set", "encoder.width=0.125", "--set", "encoder.stem=imagenet", "--set", "data.size=64",
             "--set", "train.device=cpu", "--set", "train.num_threads=1"]
     assert in_process([*args, "--out", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out

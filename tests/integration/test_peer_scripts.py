@@ -142,7 +142,8 @@ def test_table_and_doc_section(tmp_path):
     doc = tmp_path / "results.md"
     doc.write_text(f"intro\n{parity.BEGIN}\nold\n{parity.END}\nafter\n")
     parity.write_doc(doc, text)
-    assert doc.read_text().startswith("intro\n") and "old" not in doc.read_text() and doc.read_text().endswith("after\n")
+    assert (doc.read_text().startswith("intro\n") and "old" not in doc.read_text()
+            and doc.read_text().endswith("after\n"))
 
 
 def test_reuse_peer_takes_an_earlier_run_of_the_same_peer_command_and_its_notes(tmp_path):

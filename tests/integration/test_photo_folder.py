@@ -219,7 +219,8 @@ def test_width_one_embeddings_are_reproduced_in_plain_torchvision_and_in_timm(ph
     model.load_state_dict(load_file(str(tmp_path / "tv" / "backbone.safetensors")), strict=True)
     models["torchvision"] = model
     timm = _timm()
-    assert cli_run(["export", "--checkpoint", str(run), "--out", str(tmp_path / "timm"), "--format", "timm"]).returncode == 0
+    exported = cli_run(["export", "--checkpoint", str(run), "--out", str(tmp_path / "timm"), "--format", "timm"])
+    assert exported.returncode == 0
     spec = json.loads((tmp_path / "timm" / "backbone.json").read_text())["timm"]
     models["timm"] = timm.create_model(spec["model"], pretrained=False, **spec["kwargs"])
     models["timm"].load_state_dict(load_file(str(tmp_path / "timm" / "backbone.safetensors")), strict=True)

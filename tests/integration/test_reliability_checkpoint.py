@@ -160,7 +160,8 @@ def test_pickle_in_place_of_a_checkpoint_is_refused(run, tmp_path, capsys):
 def test_nothing_in_the_library_unpickles():
     """Static guard: the only unpickler is the restricted CIFAR one (data/cifar.py, _ArrayUnpickler); torch.load
     only with ``weights_only=True`` (PyTorch's restricted unpickler: encoder.weights reads torchvision .pth files)."""
-    risky = re.compile(r"pickle\.loads?\(|(?<!safetensors\.)torch\.load\(|allow_pickle\s*=\s*True|pickle\.Unpickler|\bdill\b|joblib\.load")
+    risky = re.compile(r"pickle\.loads?\(|(?<!safetensors\.)torch\.load\(|allow_pickle\s*=\s*True|pickle\.Unpickler"
+                       r"|\bdill\b|joblib\.load")
     found = []
     for path in SRC.rglob("*.py"):
         for n, line in enumerate(path.read_text().splitlines(), 1):

@@ -14,16 +14,15 @@ import torch
 import torch.nn as nn
 from safetensors.torch import load_file
 
-from kontrast.augment import SampleRNG, derive_key, get_recipe, make_views
-from kontrast.augment import ops, sampling
+from kontrast.augment import SampleRNG, derive_key, get_recipe, make_views, ops, sampling
 from kontrast.augment.rng import mix32
 from kontrast.cli import main
 from kontrast.config import checked, parse_section
 from kontrast.errors import UserError
 from kontrast.losses.infonce import info_nce, moco_loss, nt_xent
 from kontrast.train.guards import NonFiniteGuard
-from support.reference import cross_entropy64, naive_moco, naive_nt_xent
 from support.args import train_command
+from support.reference import cross_entropy64, naive_moco, naive_nt_xent
 
 
 def train_args(out: Path, *extra: str, method: str = "simclr") -> list[str]:

@@ -20,8 +20,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from support.cli import in_process
 from support.args import train_command
+from support.cli import in_process
 
 N, BATCH, EPOCHS = 48, 16, 2  # 3 steps per epoch, 6 in all
 STEPS_PER_EPOCH = N // BATCH

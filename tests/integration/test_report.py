@@ -71,7 +71,8 @@ def assert_self_contained(text: str) -> None:
 def test_metric_log_reading(tmp_path):
     log = tmp_path / "metrics.jsonl"
     log.write_text('{"step": 0, "epoch": 0, "knn_top1": 0.1}\n{"step": 1, "loss": 2.0, "lr": 0.1}\n'
-                   '{"step": 2, "loss": NaN}\n{"step": 2, "warning": "collapse", "message": "std 0.001"}\n{"step": 3, "lo')
+                   '{"step": 2, "loss": NaN}\n{"step": 2, "warning": "collapse", "message": "std 0.001"}\n'
+                   '{"step": 3, "lo')
     records = read_metrics(log)
     assert len(records) == 4  # the line a crash cut short is skipped
     assert metric_series(records, "loss") == ([1.0], [2.0])  # NaN is not plotted

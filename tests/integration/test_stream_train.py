@@ -76,7 +76,8 @@ def test_the_memory_paths_line_names_the_source_resolutions_too(folder, tmp_path
     assert in_process(train_args(folder, tmp_path / "run", "--set", "data.mode=auto", "--epochs", "1")) == 0
     line = capsys.readouterr().out.splitlines()[0]
     assert line.startswith(f"data: {N} training images from {folder} (train); labelled, 10 classes;")
-    assert "; 16x16 px; source 40x40 px (headers of 48 samples); memory path (auto: 36.0 KiB decoded at 16 px fits" in line
+    assert ("; 16x16 px; source 40x40 px (headers of 48 samples); memory path (auto: 36.0 KiB decoded at 16 px fits"
+            in line)
 
 
 def test_a_stream_run_says_so_and_checkpoints(folder, reference, tmp_path, monkeypatch, capsys):
@@ -101,6 +102,7 @@ def test_a_run_stopped_mid_epoch_resumes_bit_for_bit(workers, folder, reference,
     assert_same_run(out, reference)
 
 
+@pytest.mark.lifecycle
 @pytest.mark.slow  # new processes (about 10 s)
 def test_a_run_killed_mid_epoch_with_workers_resumes_bit_for_bit(folder, reference, tmp_path):
     """kill -9 after step 5 with 2 decoding workers; the step-4 checkpoint is newest; step 5 is redone."""
@@ -172,6 +174,7 @@ def test_a_bad_file_mid_epoch_stops_strictly_or_is_replaced_deterministically(tm
     shutil.rmtree(photos)
 
 
+@pytest.mark.lifecycle
 @pytest.mark.slow  # new processes (about 15 s)
 def test_a_bad_file_on_one_of_two_processes_stops_both_after_a_checkpoint(tmp_path):
     """--nproc 2, strict: the rank that meets the file tells the other (one flag a step), both stop before the
@@ -187,7 +190,8 @@ def test_a_bad_file_on_one_of_two_processes_stops_both_after_a_checkpoint(tmp_pa
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert errors and all(f"unreadable image {bad}" in e and f"step-{first - 1:08d}" in e for e in errors), errors
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [f"step-{first - 1:08d}"]
-    done = subprocess.run([*args, "--resume", "--skip-bad-images"], capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run([*args, "--resume", "--skip-bad-images"], capture_output=True, text=True, env=env,
+                          timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.splitlines()[-1])["bad_images_replaced"] >= 1
 
@@ -247,6 +251,7 @@ def test_every_image_method_trains_on_the_streaming_path(name, folder, tmp_path,
     assert summary["steps"] == 3 and np.isfinite(summary["final_loss"])
 
 
+@pytest.mark.lifecycle
 @pytest.mark.slow  # new processes (about 10 s)
 def test_a_signal_to_the_whole_process_group_with_workers_still_checkpoints_and_resumes(folder, reference, tmp_path):
     """Ctrl-C in a terminal or a scheduler's SIGTERM reaches the DataLoader workers too: they ignore it and the

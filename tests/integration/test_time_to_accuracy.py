@@ -63,7 +63,8 @@ def test_the_summary_reads_time_to_the_peers_final_knn_and_the_margin_at_the_bud
 
 
 def test_the_peers_pilot_rate_leaves_out_its_start_up():
-    log = "step 50/100000 loss 5.5 train_s 45\nstep 100/100000 loss 5.4 train_s 83\nstep 150/100000 loss 5.3 train_s 121\n"
+    log = ("step 50/100000 loss 5.5 train_s 45\nstep 100/100000 loss 5.4 train_s 83\n"
+           "step 150/100000 loss 5.3 train_s 121\n")
     assert tta.steady_rate(log, {"step": 160, "train_s": 130.0}) == 100 / 76  # 1.32, not 160 / 130 = 1.23
     assert tta.steady_rate("step 50/100000 loss 5.5 train_s 45\n", {"step": 60, "train_s": 60.0}) == 1.0
 

@@ -91,7 +91,7 @@ def run_learning(name: str, budget: dict, tmp_path: Path, tar: Path, seed: int =
     first, last = sum(losses[:w]) / w, sum(losses[-w:]) / w
     learned = last < first and knn[-1] > 2 * 0.1 and knn[-1] >= knn[0] + GAIN
     return {"loss_first": first, "loss_last": last, "knn_untrained": knn[0], "knn_trained": knn[-1], "passes": learned,
-            "epochs": test["epochs"], "limit": test["limit"], "precision": test["precision"]}
+            "epochs": test["epochs"], "limit": test["limit"], "size": test["size"], "precision": test["precision"]}
 
 
 def _learns(name: str, budget: dict, tmp_path: Path, tar: Path, label: str = "") -> None:

@@ -8,7 +8,8 @@ heads, predictors, prototypes and queues of each method cut to sizes that change
 from __future__ import annotations
 
 TINY_ENCODER = {"name": "resnet18", "width": 0.125}  # as a config section, for resolve()
-TINY_VIT = {"name": "vit_tiny", "width": 0.125, "depth": 2, "patch_size": 4, "drop_path": 0.0}  # for the ViT-only methods (iBOT)
+# for the ViT-only methods (iBOT)
+TINY_VIT = {"name": "vit_tiny", "width": 0.125, "depth": 2, "patch_size": 4, "drop_path": 0.0}
 
 
 def tiny_encoder(method: str) -> dict:

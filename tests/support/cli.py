@@ -42,9 +42,9 @@ def in_process(args: list[str], faults: str = "") -> int:
 
 
 def cli_run(args: list[str], faults: str = "") -> subprocess.CompletedProcess:
-    """``kontrast ARGS`` in this process as :func:`in_process`, with everything this process and its workers (``--nproc``
-    forks them from it) write to file descriptors 1 and 2 captured: a ``CompletedProcess`` like ``subprocess.run``'s,
-    without a fresh interpreter's start-up (about 3 s of imports)."""
+    """``kontrast ARGS`` in this process as :func:`in_process`, with everything this process and its workers
+    (``--nproc`` forks them from it) write to file descriptors 1 and 2 captured: a ``CompletedProcess`` like
+    ``subprocess.run``'s, without a fresh interpreter's start-up (about 3 s of imports)."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         saved = [os.dup(1), os.dup(2)]
         streams = sys.stdout, sys.stderr

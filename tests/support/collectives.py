@@ -1,4 +1,5 @@
-"""Run under torchrun (tests/integration/test_distributed.py): the collectives kontrast's methods use, against analytic answers.
+"""Run under torchrun (tests/integration/test_distributed.py): the collectives kontrast's methods use, against
+analytic answers.
 
 Each rank checks its own results and exits non-zero with the failed check on stderr.
 """
@@ -11,7 +12,6 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from kontrast.train.distributed import GlobalBatchNorm, ProcessGroupRanks, average_gradients, global_batch_norm
-
 
 PASSED: list[str] = []  # what this rank checked, printed at the end for the test to compare with its list
 
@@ -75,7 +75,8 @@ def main() -> None:
         average_gradients(list(syncd.parameters()), w)  # as the step does; the global loss is the sum here, so x w
         check(torch.allclose(mine.grad, xs.grad[r * 4:(r + 1) * 4], atol=1e-5), f"{bn.__name__} input gradient")
         check(torch.allclose(syncd.weight.grad * w, reference.weight.grad, atol=1e-4)
-              and torch.allclose(syncd.bias.grad * w, reference.bias.grad, atol=1e-4), f"{bn.__name__} weight, bias gradient")
+              and torch.allclose(syncd.bias.grad * w, reference.bias.grad, atol=1e-4),
+              f"{bn.__name__} weight, bias gradient")
         check(torch.allclose(syncd.running_var, reference.running_var, atol=1e-6)
               and torch.allclose(syncd.running_mean, reference.running_mean, atol=1e-6), f"{bn.__name__} running stats")
     for speaker in range(w):  # one rank at a time: the lines of the ranks' reports never interleave

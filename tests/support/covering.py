@@ -8,8 +8,8 @@ Pairs that ``allowed`` rejects are neither required nor produced.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from itertools import combinations
-from typing import Callable, Mapping, Sequence
 
 Cell = dict[str, object]
 

@@ -121,7 +121,8 @@ def naive_dino(student, teacher, centre, tau_s, tau_t):
                 continue
             pair = 0.0
             for b in range(batch):
-                t = [(float(teacher[a, b, j].detach()) - float(centre[j])) / tau_t for j in range(k)]  # plain floats: no grad
+                # plain floats: no grad
+                t = [(float(teacher[a, b, j].detach()) - float(centre[j])) / tau_t for j in range(k)]
                 z_t = sum(math.exp(x) for x in t)
                 log_z_s = torch.log(sum(torch.exp(student[v, b, j] / tau_s) for j in range(k)))
                 pair = pair - sum(math.exp(t[j]) / z_t * (student[v, b, j] / tau_s - log_z_s) for j in range(k))

@@ -15,10 +15,17 @@ from kontrast.augment.color import (
     solarize,
 )
 from kontrast.augment.ops import hflip, resized_crop, sample_resized_crop
+from kontrast.augment.recipes import (
+    IMAGENET_RECIPES,
+    NATIVE_SIZE,
+    RECIPES,
+    get_recipe,
+    native_recipe,
+    recipe_views,
+    view_count,
+)
 from kontrast.augment.rng import SampleRNG, derive_key, key_tensor
 from kontrast.augment.sampling import sample_mask, sample_uniform
-from kontrast.augment.recipes import (IMAGENET_RECIPES, NATIVE_SIZE, RECIPES, get_recipe, native_recipe, recipe_views,
-                                      view_count)
 from kontrast.augment.spec import ViewSpec, blur_kernel_for, ramp_sides, side_schedule
 from kontrast.augment.views import eval_view, make_view, make_views, sized_view_maker, to_float, view_maker
 

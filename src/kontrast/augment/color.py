@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor

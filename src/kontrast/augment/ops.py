@@ -32,7 +32,6 @@ from torch import Tensor
 
 from kontrast.augment.sampling import _rand, _select
 
-
 # --------------------------------------------------------------------------- random resized crop
 
 

@@ -21,7 +21,8 @@ sample drew (15 cheap passes over the batch; the four geometric ops share one
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F

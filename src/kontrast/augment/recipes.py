@@ -6,8 +6,9 @@ A method names its CIFAR-scale recipe; from ``NATIVE_SIZE`` px up it gets the Im
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, Mapping
+from typing import Any
 
 from kontrast.augment.spec import ViewSpec, blur_kernel_for
 from kontrast.config import parse_section

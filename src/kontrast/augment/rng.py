@@ -22,7 +22,7 @@ integer operation can overflow on any device.
 from __future__ import annotations
 
 import hashlib
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -79,7 +79,7 @@ class SampleRNG:
         self._used = BLOCK
         self._blocks = 0
 
-    def for_view(self, view: int) -> "SampleRNG":
+    def for_view(self, view: int) -> SampleRNG:
         return SampleRNG(self.key, self.ids, view)
 
     def _next_block(self) -> Tensor:
@@ -94,7 +94,8 @@ class SampleRNG:
         """float32 uniforms in [0, 1) of ``shape`` (``shape[0]`` = batch size), the next ones in this stream."""
         shape = tuple(shape)
         if shape[0] != self.ids.shape[0]:
-            raise ValueError(f"SampleRNG draws per sample: shape {shape} must start with the batch size {self.ids.shape[0]}")
+            raise ValueError(f"SampleRNG draws per sample: shape {shape} must start with the batch size "
+                             f"{self.ids.shape[0]}")
         per_sample = 1
         for s in shape[1:]:
             per_sample *= s

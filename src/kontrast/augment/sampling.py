@@ -10,7 +10,7 @@ geometric, colour and RandAugment ops share one definition of both.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor

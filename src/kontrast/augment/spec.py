@@ -42,7 +42,8 @@ class ViewSpec:
     std: tuple[float, float, float] = (0.2470, 0.2435, 0.2616)
 
     def __post_init__(self) -> None:
-        probs = {"flip_p": self.flip_p, "jitter_p": self.jitter_p, "gray_p": self.gray_p, "translate_p": self.translate_p}
+        probs = {"flip_p": self.flip_p, "jitter_p": self.jitter_p, "gray_p": self.gray_p,
+                 "translate_p": self.translate_p}
         probs.update(blur_p=self.blur_p, solarize_p=self.solarize_p)
         bad = [f"{k}={v}" for k, v in probs.items() if not 0.0 <= v <= 1.0]
         if self.size < 1:

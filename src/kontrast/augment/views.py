@@ -10,7 +10,7 @@ device, so a seed reproduces a batch of views exactly.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -44,7 +44,8 @@ def _view(images: Tensor, spec: ViewSpec, generator: torch.Generator, cropped: b
     boxes = ops.sample_resized_crop(b, h, w, spec.crop_scale, spec.crop_ratio, generator)  # [B, 4]
     x = images if cropped else ops.resized_crop(images, boxes, spec.size)  # [B, C, S, S]
     if spec.translate_p > 0 and spec.translate > 0:
-        x = ops.translate_reflect(x, ops.sample_translation(b, spec.translate, spec.translate_p, generator), spec.translate)
+        x = ops.translate_reflect(x, ops.sample_translation(b, spec.translate, spec.translate_p, generator),
+                                  spec.translate)
     if spec.flip_p > 0:
         x = ops.hflip(x, sampling.sample_mask(b, spec.flip_p, generator))
     if spec.jitter_p > 0 and any(v > 0 for v in spec.jitter):

@@ -44,7 +44,8 @@ def torchvision_pipeline(spec: ViewSpec):
     if spec.gray_p > 0:
         t.append(v2.RandomGrayscale(spec.gray_p))
     if spec.blur_p > 0:
-        t.append(v2.RandomApply([v2.GaussianBlur(spec.blur_kernel or blur_kernel_for(spec.size), spec.blur_sigma)], p=spec.blur_p))
+        t.append(v2.RandomApply([v2.GaussianBlur(spec.blur_kernel or blur_kernel_for(spec.size), spec.blur_sigma)],
+                                p=spec.blur_p))
     if spec.randaugment_n > 0:
         t.append(v2.RandAugment(num_ops=spec.randaugment_n, magnitude=round(spec.randaugment_m * 3)))
     t += [v2.ToImage(), v2.ToDtype(torch.float32, scale=True)]
@@ -64,8 +65,8 @@ def _timed(fn, min_seconds: float, min_iters: int) -> tuple[float, int]:
     return time.perf_counter() - start, iters
 
 
-def augment_throughput(images: Tensor, recipes: list[str], *, batch: int, seconds: float,
-                       pil_images: int = 128, rounds: int = 3, device: str = "cpu", compiled: bool = False) -> list[dict]:
+def augment_throughput(images: Tensor, recipes: list[str], *, batch: int, seconds: float, pil_images: int = 128,
+                       rounds: int = 3, device: str = "cpu", compiled: bool = False) -> list[dict]:
     """images/s per thread of each recipe: ours (``make_views``, one batch) vs torchvision (per image).
 
     images: uint8 [N, 3, H, W] (N >= batch); the first ``pil_images`` go through torchvision.

@@ -47,7 +47,8 @@ def section_augment(opts: BenchOptions, images) -> dict:
     extra = f" {'compiled':>9s} {'ratio':>7s} {'compile s':>9s}" if opts.compile_views else ""
     opts.log(f"{'recipe':16s} {'views':>5s} {'ours':>9s} {'torchvision':>12s} {'ratio':>7s}{extra}")
     for r in rows:
-        r["command"] = command(opts, "augment", recipes=r["recipe"]) + (" --compile-views" if opts.compile_views else "")
+        r["command"] = (command(opts, "augment", recipes=r["recipe"])
+                        + (" --compile-views" if opts.compile_views else ""))
         extra = (f" {r['compiled_img_per_s']:9.0f} {r['compiled_ratio']:6.1f}x {r['compile_s']:9.1f}"
                  if opts.compile_views else "")
         opts.log(f"{r['recipe']:16s} {r['views']:5d} {r['ours_img_per_s']:9.0f} {r['torchvision_img_per_s']:12.0f} "
@@ -96,12 +97,14 @@ def section_step(opts: BenchOptions, data) -> dict:
             continue
         r["command"] = line
         rows.append(r)
-        share = (f" {1e3 * r['encoder_fwd_bwd_s']:8.1f} {1e3 * r['target_fwd_s']:8.1f} {100 * r['outside_encoder']:7.1f}%"
+        share = (f" {1e3 * r['encoder_fwd_bwd_s']:8.1f} {1e3 * r['target_fwd_s']:8.1f}"
+                 f" {100 * r['outside_encoder']:7.1f}%"
                  if "outside_encoder" in r else "   (feature maps: encoder share not replayed)")
         opts.log(f"{name:15s} " + " ".join(f"{1e3 * r['phases_s'][p]:8.1f}" for p in PHASES)
                  + f" {1e3 * r['step_s']:8.1f}" + share)
     names = ",".join(r["method"] for r in rows)
-    opts.log(f"  reproduce: {command(opts, 'step', methods=names, step_setting=opts.step_setting, step_iters=opts.step_iters)}")
+    reproduce = command(opts, "step", methods=names, step_setting=opts.step_setting, step_iters=opts.step_iters)
+    opts.log(f"  reproduce: {reproduce}")
     return {"setting": opts.step_setting, "threads": threads(opts), "batch": opts.batch, "methods": rows}
 
 

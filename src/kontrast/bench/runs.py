@@ -24,7 +24,8 @@ from kontrast.bench.options import NUMERICS
 from kontrast.errors import UserError
 
 SETTINGS = {  # name -> kontrast train flags (auto: none, kontrast's default on this machine)
-    name: [] if precision == "auto" else ["--precision", precision, "--set", f"train.channels_last={str(layout).lower()}"]
+    name: ([] if precision == "auto"
+           else ["--precision", precision, "--set", f"train.channels_last={str(layout).lower()}"])
     for name, (precision, layout) in NUMERICS.items()
 }
 SETTINGS["bf16_cl_compile"] = [*SETTINGS["bf16_cl"], "--set", "train.compile=true"]

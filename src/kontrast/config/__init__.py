@@ -6,9 +6,26 @@ page of docs). Resolution (a method's defaults under the user's values) is
 :func:`kontrast.methods.build.resolve`, which needs the methods.
 """
 
-from kontrast.config.schema import (SECTIONS, AugmentConfig, Config, DataConfig, EncoderConfig, EvalConfig,
-                                    MethodConfig, OptimConfig, TrainConfig, build_config, check_fields, checked, dump,
-                                    load_yaml, merge, parse_override, parse_section, to_dict)
+from kontrast.config.schema import (
+    SECTIONS,
+    AugmentConfig,
+    Config,
+    DataConfig,
+    EncoderConfig,
+    EvalConfig,
+    MethodConfig,
+    OptimConfig,
+    TrainConfig,
+    build_config,
+    check_fields,
+    checked,
+    dump,
+    load_yaml,
+    merge,
+    parse_override,
+    parse_section,
+    to_dict,
+)
 
 __all__ = ["SECTIONS", "AugmentConfig", "Config", "DataConfig", "EncoderConfig", "EvalConfig", "MethodConfig",
            "OptimConfig", "TrainConfig", "build_config", "check_fields", "checked", "dump", "load_yaml", "merge",

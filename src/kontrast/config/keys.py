@@ -12,7 +12,7 @@ import inspect
 import io
 import textwrap
 import tokenize
-from functools import lru_cache
+from functools import cache
 
 import yaml
 
@@ -21,7 +21,7 @@ from kontrast.config.schema import SECTIONS, Config, to_dict
 METHOD_NAME = "the method (`kontrast methods` lists them); its own keys follow"
 
 
-@lru_cache(maxsize=None)
+@cache
 def field_docs(cls: type) -> dict[str, str]:
     """``{field: the comment beside it}`` for dataclass ``cls`` and the dataclasses it extends."""
     docs: dict[str, str] = {}

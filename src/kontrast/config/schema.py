@@ -17,10 +17,11 @@ import dataclasses
 import math
 import re
 import types
+from collections.abc import Mapping
 from collections.abc import Mapping as AbcMapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, Mapping, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
@@ -64,11 +65,13 @@ def check_fields(obj: Any, prefix: str) -> None:
 @dataclass(frozen=True)
 class DataConfig:
     source: str = "shapes"  # "shapes", an ImageFolder dir, a .tar(.gz), a CIFAR folder
-    size: int | Literal["auto"] = checked("auto", ge=4)  # training side in px; auto: images under 64 px at their own, larger at up to 96
+    size: int | Literal["auto"] = checked("auto", ge=4)  # training side in px; auto: images under 64 px at their own,
+                                                         # larger at up to 96
     skip_bad_images: bool = False  # an unreadable image is replaced by another (and reported), not a stop
     cache_dir: str | None = None  # decoded-dataset cache (null: $KONTRAST_CACHE, else ~/.cache/kontrast)
     limit: int = checked(0, ge=0)  # train on a fixed random subset of this many images (0 = all)
-    mode: str = checked("auto", choices=("auto", "memory", "stream"))  # auto: memory when the decoded set fits memory_budget, else stream
+    mode: str = checked("auto", choices=("auto", "memory", "stream"))  # auto: memory when the decoded set fits
+                                                                       # memory_budget, else stream
     workers: int = checked(2, ge=0)  # stream: DataLoader worker processes that decode (0 = in the loop's process)
     memory_budget: float = checked(0.25, gt=0, le=1)  # auto: memory path when the decoded set fits this share of RAM
 
@@ -77,15 +80,20 @@ class DataConfig:
 class AugmentConfig:
     recipe: str | None = None  # null: the method's own recipe at data.size
     view: Mapping[str, Any] = field(default_factory=dict)  # ViewSpec fields set on every view
-    views: int | None = checked(None, ge=1)  # how many views: the recipe's first ones, its last repeated to reach it (more local crops, MMCR's k); null: the recipe's own
-    min_size: int = checked(0, ge=0)  # progressive resolution: the views' side at the start, growing to data.size over size_ramp (0 = off; docs/guide.md)
-    size_ramp: tuple[float, float] = checked((0.0, 0.75), ge=0, le=1)  # progressive resolution: the fractions of the steps where the side starts and stops growing
+    views: int | None = checked(None, ge=1)  # how many views: the recipe's first ones, its last repeated to reach it
+                                             # (more local crops, MMCR's k); null: the recipe's own
+    min_size: int = checked(0, ge=0)  # progressive resolution: the views' side at the start, growing to data.size over
+                                      # size_ramp (0 = off; docs/guide.md)
+    size_ramp: tuple[float, float] = checked((0.0, 0.75), ge=0, le=1)  # progressive resolution: the fractions of the
+                                                                       # steps where the side starts and stops growing
 
 
 @dataclass(frozen=True)
 class EncoderConfig:
     name: str = "resnet18"  # resnet18|34|50, amdim, vit_tiny|vit_small or torchvision:<model>
-    stem: str | None = checked("auto", choices=("auto", "cifar", "imagenet"))  # ResNets: cifar (3x3, no max-pool) or imagenet (7x7/2 + max-pool); auto: imagenet from 64 px
+    stem: str | None = checked("auto", choices=("auto", "cifar", "imagenet"))  # ResNets: cifar (3x3, no max-pool) or
+                                                                               # imagenet (7x7/2 + max-pool);
+                                                                               # auto: imagenet from 64 px
     width: float = checked(1.0, gt=0)  # channel multiplier (vit_*: head dim 64 x width, a multiple of 8)
     zero_init_residual: bool = False  # each residual block starts as the identity (last BN gamma = 0; kontrast ResNets)
     torch_init: bool = False  # kontrast ResNets: convs keep PyTorch's default init (as lightly's), not Kaiming fan-out
@@ -103,7 +111,8 @@ class OptimConfig:  # fallbacks: each method states its recipe's optimizer in Me
     lr_batch: int = checked(256, ge=1)  # the batch size `lr` is given for
     momentum: float = checked(0.9, ge=0, lt=1)  # sgd and lars
     weight_decay: float = checked(5e-4, ge=0)  # never applied to norms and biases
-    weight_decay_end: float | None = checked(None, ge=0)  # null: weight_decay throughout; else a cosine to this (DINO's ViT)
+    weight_decay_end: float | None = checked(None, ge=0)  # null: weight_decay throughout; else a cosine to this
+                                                          # (DINO's ViT)
     warmup_epochs: float = checked(0.0, ge=0)  # linear warm-up, then cosine to min_lr
     min_lr: float = checked(0.0, ge=0)  # the last step's lr, absolute (not scaled by batch size); below the peak
     clip_grad: float = checked(0.0, ge=0)  # clip each parameter's gradient to this L2 norm (DINO's clip_grad; 0 = off)
@@ -115,17 +124,25 @@ class OptimConfig:  # fallbacks: each method states its recipe's optimizer in Me
 @dataclass(frozen=True)
 class TrainConfig:
     epochs: int = checked(10, ge=1)  # passes over the training set
-    batch_size: int = checked(256, ge=2)  # the global batch, every process's share together (contrastive losses need 2+)
-    accumulate: int = checked(1, ge=1)  # gradient caching: each process's batch in this many micro-batches, the same gradient in less memory (docs/memory.md)
+    batch_size: int = checked(256, ge=2)  # the global batch, every process's share together
+                                          # (contrastive losses need 2+)
+    accumulate: int = checked(1, ge=1)  # gradient caching: each process's batch in this many micro-batches, the same
+                                        # gradient in less memory (docs/memory.md)
     seed: int = checked(0, ge=0)  # every random draw of the run derives from it
     precision: str = checked("auto", choices=PRECISIONS)  # auto: bf16 where the device computes it natively, else fp32
-    channels_last: bool | str = checked("auto", choices=(True, False, "auto"))  # auto: on where bf16 is native and on CPUs, unless a layer is unsafe in it
+    channels_last: bool | str = checked("auto", choices=(True, False, "auto"))  # auto: on where bf16 is native and on
+                                                                                # CPUs, unless a layer is unsafe in it
     sync_bn: bool = True  # on several processes: BN statistics over the global batch (docs/distributed.md)
-    bind_cores: bool = True  # several CPU processes on one node: each on its own cores, where they fit (docs/distributed.md)
-    collective_timeout: float = checked(1800.0, gt=0)  # several processes: seconds a rank waits for the others in a collective before the run ends (a stuck process ends it instead of hanging)
-    compile: bool = False  # torch.compile the encoder and the view pipeline (docs/lab/performance.md §6; the first step compiles for minutes)
+    bind_cores: bool = True  # several CPU processes on one node: each on its own cores, where they fit
+                             # (docs/distributed.md)
+    collective_timeout: float = checked(1800.0, gt=0)  # several processes: seconds a rank waits for the others in a
+                                                       # collective before the run ends
+                                                       # (a stuck process ends it instead of hanging)
+    compile: bool = False  # torch.compile the encoder and the view pipeline
+                           # (docs/lab/performance.md §6; the first step compiles for minutes)
     device: str = checked("auto", pattern=r"auto|cpu|cuda(:\d+)?|mps")  # auto: CUDA where there is one, else the CPU
-    log_every: int | Literal["auto"] = checked("auto", ge=1)  # steps between metric lines; auto: 10, fewer for a run under 500 steps (about 50 lines)
+    log_every: int | Literal["auto"] = checked("auto", ge=1)  # steps between metric lines; auto: 10, fewer for a run
+                                                              # under 500 steps (about 50 lines)
     knn_every: int = checked(0, ge=0)  # epochs between kNN monitors (0 = off)
     knn_max_train: int = checked(10000, ge=1)  # kNN monitor bank size cap (speed)
     knn_max_test: int = checked(0, ge=0)  # kNN monitor: a fixed random subset of this many test images (0 = all)
@@ -143,7 +160,8 @@ class EvalConfig:
     knn_k: int = checked(200, ge=1)  # neighbours of the weighted kNN classifier (Wu et al. 2018)
     knn_temperature: float = checked(0.1, gt=0)  # the kNN vote weights exp(cosine / this)
     linear_epochs: int = checked(100, ge=0)  # epochs of the linear probe on frozen features (0 = no probe)
-    linear_weight_decay: float | Literal["auto"] = checked("auto", ge=0)  # auto: chosen on a tenth of the training labels, never the test split
+    linear_weight_decay: float | Literal["auto"] = checked("auto", ge=0)  # auto: chosen on a tenth of the training
+                                                                          # labels, never the test split
     batch_size: int = checked(512, ge=1)  # feature-extraction batch of the evaluation
 
 
@@ -215,7 +233,8 @@ def parse_section(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
     for key in values:
         if key not in known:
             raise UserError(
-                f"unknown config key '{prefix}.{key}'{did_you_mean(f'{prefix}.{key}', [f'{prefix}.{k}' for k in known])}; known keys in {prefix}: "
+                f"unknown config key '{prefix}.{key}'"
+                f"{did_you_mean(f'{prefix}.{key}', [f'{prefix}.{k}' for k in known])}; known keys in {prefix}: "
                 f"{', '.join(sorted(known))}"
             )
     obj = cls(**{k: _coerce(v, hints[k], f"{prefix}.{k}") for k, v in values.items()})
@@ -279,7 +298,8 @@ def build_config(raw: Mapping[str, Any], params: type | None = None) -> Config:
     """
     for key in raw:
         if key not in SECTIONS:
-            raise UserError(f"unknown config section {key!r}{did_you_mean(key, SECTIONS)}; known: {', '.join(SECTIONS)}")
+            raise UserError(f"unknown config section {key!r}{did_you_mean(key, SECTIONS)}; "
+                            f"known: {', '.join(SECTIONS)}")
     kwargs = {}
     for name, cls in SECTIONS.items():
         values = dict(raw.get(name) or {})

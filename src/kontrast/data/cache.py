@@ -29,7 +29,9 @@ from pathlib import Path
 import safetensors.torch
 import torch
 
-FORMAT_VERSION = 3  # 2: decompression-bomb and special-file guards; 3: row paths. Bump when decoding or the entry layout changes: old entries then miss
+# 2: decompression-bomb and special-file guards; 3: row paths.
+# Bump when decoding or the entry layout changes: old entries then miss
+FORMAT_VERSION = 3
 ENV_VAR = "KONTRAST_CACHE"
 
 

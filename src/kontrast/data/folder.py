@@ -102,7 +102,8 @@ class TarReader(Reader):
                     if not member.isfile() or not name:
                         continue
                     if is_image_path(name) and member.size > MAX_FILE_BYTES:
-                        self.read_errors[name] = f"{member.size} bytes, larger than the {MAX_FILE_BYTES >> 20} MiB limit"
+                        self.read_errors[name] = (f"{member.size} bytes, larger than the "
+                                                  f"{MAX_FILE_BYTES >> 20} MiB limit")
                         yield name, b""
                     elif is_image_path(name):
                         yield name, _read_member(archive, member)

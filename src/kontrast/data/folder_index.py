@@ -29,9 +29,9 @@ def _stamp(root: Path, paths: list[str]) -> str:
     for rel in paths:
         try:
             info = (root / rel).stat()
-            hasher.update(f"\0{rel}\0{info.st_size}\0{info.st_mtime_ns}".encode("utf-8"))
+            hasher.update(f"\0{rel}\0{info.st_size}\0{info.st_mtime_ns}".encode())
         except OSError:
-            hasher.update(f"\0{rel}\0missing".encode("utf-8"))
+            hasher.update(f"\0{rel}\0missing".encode())
     return hasher.hexdigest()
 
 

@@ -12,8 +12,8 @@ import io
 import os
 import statistics
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from PIL import Image
 

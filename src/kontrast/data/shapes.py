@@ -23,8 +23,8 @@ The same ``seed`` always gives the same images.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Callable
 
 import torch
 import torch.nn.functional as F

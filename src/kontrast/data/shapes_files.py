@@ -74,7 +74,7 @@ def shape_records(split: str, count: int, *, size: int, seed: int) -> Iterator[R
 
 def _chunk_seed(seed: int, split: str, chunk: int) -> int:
     """A seed per (seed, split, chunk), so chunks are independent and a prefix does not depend on ``n``."""
-    digest = hashlib.sha256(f"kontrast-shapes-files/{seed}/{split}/{chunk}".encode("utf-8")).digest()
+    digest = hashlib.sha256(f"kontrast-shapes-files/{seed}/{split}/{chunk}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1  # 63 bits: any torch.Generator seed
 
 

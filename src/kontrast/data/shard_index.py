@@ -144,7 +144,7 @@ def _verified_entry(path: Path, listed: dict | None, root: Path, where: str) -> 
     stat = path.stat()
     stamp = [stat.st_size, stat.st_mtime_ns]
     how = "listed" if listed is not None else "scanned"  # an index.json's entry, or a scan's (with class names)
-    record_path = root / (hashlib.sha256(f"{how}\0{path.resolve()}".encode("utf-8")).hexdigest() + ".json")
+    record_path = root / (hashlib.sha256(f"{how}\0{path.resolve()}".encode()).hexdigest() + ".json")
     record = _load_record(record_path)
     if record and record["stamp"] == stamp and (listed is None or record["entry"]["sha256"] == listed["sha256"]):
         return listed or record["entry"], record["bad"]

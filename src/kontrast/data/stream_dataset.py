@@ -16,9 +16,8 @@ raises for a bad file (its traceback would reach the user): it marks the sample,
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 from torch.utils.data import Dataset, Sampler
@@ -55,7 +54,7 @@ class StreamBatch:
     bad: list[tuple[str, str]] = field(default_factory=list)  # strict: (file, reason) of unreadable samples
     replaced: list[tuple[str, str]] = field(default_factory=list)  # skip: (file, reason) of replaced samples
 
-    def pin_memory(self) -> "StreamBatch":
+    def pin_memory(self) -> StreamBatch:
         self.views = [v.pin_memory() for v in self.views]
         return self
 

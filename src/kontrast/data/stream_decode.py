@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import io
 import warnings
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch

@@ -89,7 +89,7 @@ class StreamSource:
     def __len__(self) -> int:
         return len(self.paths)
 
-    def subset(self, n: int, seed: int = 0) -> "StreamSource":
+    def subset(self, n: int, seed: int = 0) -> StreamSource:
         """The rows :meth:`kontrast.data.Samples.subset` keeps (a fixed random ``n``); self if ``n`` covers all."""
         if not 0 < n < len(self):
             return self

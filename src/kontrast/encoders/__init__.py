@@ -13,7 +13,12 @@ from __future__ import annotations
 
 from torch import nn
 
-from kontrast.encoders import amdim, resnet, sequence, vit  # noqa: F401  (register resnet18/34/50, amdim, conv1d, cpc_audio, vit_tiny/small)
+from kontrast.encoders import (  # noqa: F401  (register resnet18/34/50, amdim, conv1d, cpc_audio, vit_tiny/small)
+    amdim,
+    resnet,
+    sequence,
+    vit,
+)
 from kontrast.errors import UserError, did_you_mean
 from kontrast.registry import ENCODERS
 

@@ -6,8 +6,9 @@ pickled code runs), bare or wrapped under ``"state_dict"`` / ``"model"`` as trai
 
 kontrast's ResNets use torchvision's module names (``conv1``, ``bn1``, ``layer1..4``, ``downsample``),
 so torchvision's ``resnet18/34/50`` state_dicts -- and timm's, which share the names -- load as they
-are; a timm ``VisionTransformer``'s names are mapped to kontrast's ViT (:func:`kontrast.encoders.vit.torchvision_names`); ``torchvision:<model>`` encoders are torchvision's models. The classifier (``fc``,
-``classifier``, ``head(s)``), which a headless encoder lacks, is dropped, a ``module.`` (DDP) or
+are; a timm ``VisionTransformer``'s names are mapped to kontrast's ViT
+(:func:`kontrast.encoders.vit.torchvision_names`); ``torchvision:<model>`` encoders are torchvision's models.
+The classifier (``fc``, ``classifier``, ``head(s)``), which a headless encoder lacks, is dropped, a ``module.`` (DDP) or
 ``encoder.`` prefix carried by every key is stripped, then the load is strict: a missing key or a
 shape that differs (another width or stem) is a one-line :class:`UserError`, never a silent
 partial load.

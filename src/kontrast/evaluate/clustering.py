@@ -142,7 +142,8 @@ def expected_mutual_info(a_sizes: torch.Tensor, b_sizes: torch.Tensor) -> float:
     ai, bj, nn_ = a[:, None, None], b[None, :, None], n[None, None, :]  # [Ka,1,1], [1,Kb,1], [1,1,M]
     valid = (nn_ >= (ai + bj - n_total).clamp_min(1)) & (nn_ <= torch.minimum(ai, bj))  # [Ka, Kb, M]
     lg = torch.lgamma
-    log_p = (lg(ai + 1) + lg(bj + 1) + lg(n_total - ai + 1) + lg(n_total - bj + 1) - lg(torch.tensor(n_total + 1, dtype=torch.float64))
+    log_p = (lg(ai + 1) + lg(bj + 1) + lg(n_total - ai + 1) + lg(n_total - bj + 1)
+             - lg(torch.tensor(n_total + 1, dtype=torch.float64))
              - lg(nn_ + 1) - lg((ai - nn_).clamp_min(0) + 1) - lg((bj - nn_).clamp_min(0) + 1)
              - lg((n_total - ai - bj + nn_).clamp_min(0) + 1))  # [Ka, Kb, M] log P(n_ij = n)
     term = nn_ / n_total * torch.log(n_total * nn_ / (ai * bj)) * log_p.exp()  # [Ka, Kb, M]

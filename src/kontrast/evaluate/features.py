@@ -7,13 +7,12 @@ DataLoader and no PIL.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Iterator, Sequence
 
 import torch
 from torch import nn
 
-from kontrast.errors import UserError
 from kontrast.precision import autocast, check_precision
 
 
@@ -71,7 +70,8 @@ def extract_features(
         mean, std: per-channel normalisation in [0, 1] units, e.g. CIFAR-10's
             ``(0.4914, 0.4822, 0.4465)``, ``(0.2470, 0.2435, 0.2616)``.
     """
-    sequences = images_uint8.is_floating_point() and images_uint8.ndim == 3  # float [N, C, T] sequences go in as they are
+    # float [N, C, T] sequences go in as they are
+    sequences = images_uint8.is_floating_point() and images_uint8.ndim == 3
     if not sequences:
         check_images(images_uint8)
     check_precision(precision)

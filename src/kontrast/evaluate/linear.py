@@ -99,7 +99,8 @@ def top1(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     return ((x @ weight + bias).argmax(dim=1) == y).float().mean().item()  # [N, C] -> [N]
 
 
-WEIGHT_DECAYS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2)  # the probe's candidates: the module doc's measured range, widened both ways
+# the probe's candidates: the module doc's measured range, widened both ways
+WEIGHT_DECAYS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2)
 VALIDATION_FRACTION = 0.1  # of the training labels, held out to choose the weight decay
 FALLBACK_WEIGHT_DECAY = 5e-3  # where no sample can be held out (one per class)
 

@@ -33,7 +33,8 @@ def load_run(path: str | Path) -> tuple[Config, Method, Path]:
     else:
         run_dir, ckpt = path, latest_checkpoint(path)
         if ckpt is None:
-            raise UserError(f"no complete checkpoint under {path}/checkpoints; train first (kontrast train --out {path})")
+            raise UserError(f"no complete checkpoint under {path}/checkpoints; "
+                            f"train first (kontrast train --out {path})")
     if not (run_dir / RUN_CONFIG).is_file():
         raise UserError(f"{run_dir}/{RUN_CONFIG} is missing; --checkpoint must point at a kontrast run directory")
     raw, _ = read_run_config(run_dir)
@@ -67,12 +68,13 @@ def evaluate_run(path: str | Path, data: str | None = None, *, device: str = "cp
                  clustering: bool = True, labels_fraction: float = 0.0, finetune_epochs: int = 0,
                  precision: str = "fp32", linear_weight_decay: float | str | None = None) -> dict:
     """kNN and linear-probe top-1 of a run's encoder on ``data`` (default: its training source), k-means
-    clustering of its test features (NMI, AMI, ARI, Hungarian accuracy, each with its chance level), and with ``labels_fraction`` the test
-    top-1 after fine-tuning on that class-balanced fraction of the training labels (evaluate/finetune.py).
+    clustering of its test features (NMI, AMI, ARI, Hungarian accuracy, each with its chance level), and with
+    ``labels_fraction`` the test top-1 after fine-tuning on that class-balanced fraction of the training labels
+    (evaluate/finetune.py).
     ``precision``: the encoder's arithmetic, fp32 by default whatever the run trained in, so scores do not depend on
     the machine (``auto``: bf16 where the device computes it natively). ``linear_weight_decay``: the probe's, over
-    the run's ``eval.linear_weight_decay`` (``auto``: chosen on a held-out tenth of the training labels). The result is also kept in the run as
-    ``RUN/eval.json`` (the report shows it)."""
+    the run's ``eval.linear_weight_decay`` (``auto``: chosen on a held-out tenth of the training labels). The result
+    is also kept in the run as ``RUN/eval.json`` (the report shows it)."""
     if labels_fraction or finetune_epochs < 0:
         check_finetune_args(labels_fraction, finetune_epochs)
     cfg, method, ckpt = load_run(path)

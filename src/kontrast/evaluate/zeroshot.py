@@ -11,7 +11,7 @@ and ``encode_image(images) -> [N, E]`` (``kontrast.methods.clip.CLIP``).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from kontrast.data import Samples
 from kontrast.data.captions import TEMPLATES, class_text
-from kontrast.evaluate.features import extract_features, eval_mode
+from kontrast.evaluate.features import eval_mode, extract_features
 
 
 class _ImageTower(nn.Module):

@@ -12,7 +12,8 @@ the integral over [-t_max, t_max] by the trapezoidal rule (the integrand is even
 [0, t_max], on ``knots`` points). SIGReg is the mean of EP_m over the directions. LeJEPA's loss over V views
 ``z [V, N, D]``, the first G of them global:
 
-    L = (1 - lambda) * mean_{v, n, d} (mu_nd - z_vnd)^2  +  lambda * mean_v SIGReg(z_v),   mu = mean of the G global views
+    L = (1 - lambda) * mean_{v, n, d} (mu_nd - z_vnd)^2  +  lambda * mean_v SIGReg(z_v),
+    mu = mean of the G global views
 
 a prediction of every view's embedding from the global views' centre, kept from collapse by SIGReg alone.
 """

@@ -54,7 +54,8 @@ def mi_bound(loss: torch.Tensor, num_candidates: int) -> torch.Tensor:
 
 
 def use_blocks(rows: int, cols: int) -> bool:
-    """Whether ``info_nce`` forms a ``[rows, cols]`` cosine score matrix in row blocks (above ``CHUNKED_ABOVE`` entries)."""
+    """Whether ``info_nce`` forms a ``[rows, cols]`` cosine score matrix in row blocks (above ``CHUNKED_ABOVE``
+    entries)."""
     return rows * cols > CHUNKED_ABOVE
 
 
@@ -100,9 +101,9 @@ def two_view_info_nce(scores: torch.Tensor | CosineScores, b: int, offset: int =
     """NT-Xent's targets on any similarity: rows are the 2B views ``cat(view 1, view 2)``.
 
     scores: [2B, M] similarity of each view to the candidates (e.g. ``cosine / tau`` for
-            SimCLR, or its :class:`~kontrast.similarity.CosineScores`; a log-kernel for Kernel-InfoNCE), whose columns ``offset .. offset + 2B``
-            are this batch's views in the same order. Each row's positive is the other view of
-            its image; the row's own column is masked. 2B - 1 candidates per row when M = 2B.
+            SimCLR, or its :class:`~kontrast.similarity.CosineScores`; a log-kernel for Kernel-InfoNCE), whose
+            columns ``offset .. offset + 2B`` are this batch's views in the same order. Each row's positive is
+            the other view of its image; the row's own column is masked. 2B - 1 candidates per row when M = 2B.
     """
     positives, itself = two_view_targets(b, offset, scores.device)  # [2B] each: the other view, the anchor
     return info_nce(scores, positives, exclude=itself)  # never the anchor itself

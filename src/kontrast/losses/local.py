@@ -9,7 +9,7 @@ negatives' ``logsumexp`` shared by all positives of the anchor.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 

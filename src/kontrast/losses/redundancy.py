@@ -60,7 +60,8 @@ def barlow_twins_loss(z1: torch.Tensor, z2: torch.Tensor,
 
 
 def vicreg_loss(z1: torch.Tensor, z2: torch.Tensor, sim_coeff: float, std_coeff: float, cov_coeff: float,
-                eps: float = 1e-4, variance_views: str = "sum") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                eps: float = 1e-4, variance_views: str = "sum",
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """VICReg's loss of ``z1, z2`` [N, D] (N >= 2): ``(total, invariance, variance, covariance)``, each 0-d.
 
     invariance: ``mean((z1 - z2)^2)`` over N x D; variance: ``mean_d relu(1 - sqrt(Var(z_d) + eps))``

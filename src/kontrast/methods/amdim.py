@@ -40,7 +40,8 @@ AMDIM_OPTIM = {"name": "adamw", "lr": 2e-4, "lr_batch": 200, "betas": [0.8, 0.99
 
 @METHODS.register("amdim")
 class AMDIM(Method):
-    description = "AMDIM: global vs local features across views and scales (1-5, 1-7, 5-5), clipped dot, NCE (Bachman et al. 2019)"
+    description = ("AMDIM: global vs local features across views and scales (1-5, 1-7, 5-5), clipped dot, NCE "
+                   "(Bachman et al. 2019)")
     recipe = "amdim_cifar"
     Params = AMDIMParams
     defaults = {"encoder": {"name": "amdim"}, "optim": AMDIM_OPTIM}

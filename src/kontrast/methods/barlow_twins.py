@@ -23,7 +23,7 @@ import torch
 from kontrast.config import checked
 from kontrast.extract import mlp
 from kontrast.losses import barlow_twins_loss
-from kontrast.methods.base import embedding_std, Method, Progress, Ranks
+from kontrast.methods.base import Method, Progress, Ranks, embedding_std
 from kontrast.registry import METHODS
 
 

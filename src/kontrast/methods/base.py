@@ -26,8 +26,9 @@ method alone) ``progress`` may be None in ``training_step``: the method then act
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar
 
 import torch
 import torch.nn as nn
@@ -132,9 +133,11 @@ class Method(nn.Module):
     vit_defaults: ClassVar[Mapping[str, Any]] = {}  # over `defaults` on a ViT encoder: the paper's ViT recipe
     vit_recipe: ClassVar[str] = ""  # where vit_defaults come from (said at start-up)
     fixed_lr_modules: tuple[str, ...] = ()
-    distributed: ClassVar[bool] = False  # True once the method computes the same on W ranks as on one (tests/integration/test_distributed.py)
+    distributed: ClassVar[bool] = False  # True once the method computes the same on W ranks as on one
+                                         # (tests/integration/test_distributed.py)
     vit_only: ClassVar[bool] = False  # the method works on patch tokens: ViT encoders only (iBOT's masks)
-    sync_bn: ClassVar[bool] = True  # train.sync_bn applies (False: the method keeps its own BN groups, MoCo's shuffling BN)
+    sync_bn: ClassVar[bool] = True  # train.sync_bn applies
+                                    # (False: the method keeps its own BN groups, MoCo's shuffling BN)
     retired_state: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, encoder: nn.Module, params: Any, num_samples: int = 0, ranks: Ranks = Ranks()):

@@ -47,7 +47,8 @@ def resolve(raw: dict | None = None) -> Config:
 
 
 def check_view_count(cfg: Config, cls: type[Method]) -> None:
-    """``augment.views`` for a method without image views, or fewer than the two a two-view method compares: one line."""
+    """``augment.views`` for a method without image views, or fewer than the two a two-view method compares: one
+    line."""
     count = cfg.augment.views
     if count is None:
         return
@@ -73,7 +74,8 @@ def auto_size(source: str) -> tuple[int, str]:
     if side < NATIVE_SIZE:
         return side, f"{side} px, the images' own side (auto: below {NATIVE_SIZE} px they train as stored)"
     size = min(side, AUTO_SIZE)
-    return size, f"{size} px (auto: the images are {side} px on their shorter side; {NATIVE_SIZE} px and more train at up to {AUTO_SIZE})"
+    return size, (f"{size} px (auto: the images are {side} px on their shorter side; "
+                  f"{NATIVE_SIZE} px and more train at up to {AUTO_SIZE})")
 
 
 def auto_stem(cfg: Config, size: int) -> tuple[str | None, int]:
@@ -148,8 +150,8 @@ def recipe_lines(cfg: Config) -> list[str]:
     keys = cls.vit_defaults if vit else cls.defaults
     values = ", ".join(f"{section}.{key}={_value(cfg, section, key)}" for section, own in keys.items() for key in own)
     if vit:
-        return [f"recipe: {cfg.method.name} on a ViT defaults to {cls.vit_recipe}; this run: {values} (--set changes any)",
-                *lines]
+        return [f"recipe: {cfg.method.name} on a ViT defaults to {cls.vit_recipe}; "
+                f"this run: {values} (--set changes any)", *lines]
     return [f"recipe: {cfg.method.name} on a {cfg.encoder.name}: {values} (on a ViT it defaults to {cls.vit_recipe})",
             *lines]
 
@@ -253,8 +255,8 @@ def view_multiple(cfg: Config, size: int) -> int:
 def _view_problem(cfg: Config, method: Method, size: int) -> str | None:
     """Why ``method`` cannot train at ``data.size = size`` (its smallest view too small), or None."""
     try:
-        views = recipe_views(run_recipe(replace(cfg, data=replace(cfg.data, size=size)), method), size, cfg.augment.view,
-                             cfg.augment.views, view_multiple(cfg, size))
+        views = recipe_views(run_recipe(replace(cfg, data=replace(cfg.data, size=size)), method), size,
+                             cfg.augment.view, cfg.augment.views, view_multiple(cfg, size))
     except UserError as err:  # a view setting that needs a larger side (AMDIM's translation)
         return str(err)
     if cfg.encoder.name in VIT_SIZES and size % (cfg.encoder.patch_size or default_patch_size(size)):

@@ -24,7 +24,7 @@ import torch.nn as nn
 from kontrast.config import checked
 from kontrast.encoders.target import MomentumTarget, cosine_momentum
 from kontrast.extract import mlp
-from kontrast.methods.base import embedding_std, Method, Progress, Ranks
+from kontrast.methods.base import Method, Progress, Ranks, embedding_std
 from kontrast.registry import METHODS
 from kontrast.similarity import paired_cosine
 
@@ -60,8 +60,9 @@ class BYOL(Method):
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
         b = views[0].shape[0]
-        # each view through each network on its own (BN statistics per view), as BYOL's and solo-learn's code
-        z, p = (torch.cat(t) for t in zip(*(self.in_micro_batches(self._predict, [v]) for v in views[:2])))  # [2B, D] x2
+        # each view through each network on its own (BN statistics per view), as BYOL's and solo-learn's code:
+        # [2B, D] x2
+        z, p = (torch.cat(t) for t in zip(*(self.in_micro_batches(self._predict, [v]) for v in views[:2])))
         with torch.no_grad():
             t = torch.cat([self.in_micro_batches(self.target, [v]) for v in views[:2]])  # [2B, proj_dim] targets
         sim_12 = paired_cosine(p[:b], t[b:])  # [B] cos(q(z_1), z'_2): view 1's prediction vs view 2's target

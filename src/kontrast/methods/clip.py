@@ -23,7 +23,7 @@ from kontrast.data.captions import captions_for
 from kontrast.encoders.text import TextTransformer, tokenize
 from kontrast.errors import UserError
 from kontrast.losses import info_nce, symmetric_info_nce
-from kontrast.methods.base import embedding_std, Method, Progress, Ranks
+from kontrast.methods.base import Method, Progress, Ranks, embedding_std
 from kontrast.registry import METHODS
 from kontrast.similarity import cosine
 
@@ -74,7 +74,8 @@ class CLIP(Method):
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
         if indices is None or len(self.tokens) == 0:
-            raise UserError("clip trains on image-caption pairs: call bind_data(training set) and pass the batch's indices")
+            raise UserError("clip trains on image-caption pairs: call bind_data(training set) and pass the batch's "
+                            "indices")
         img = self.in_micro_batches(self.encode_image, views[:1])  # [B, embed_dim], per sample (base.py)
         txt = self.in_micro_batches(self.encode_text, [self.tokens[indices]])  # [B, embed_dim]
         scale = self.logit_scale.exp()

@@ -44,7 +44,8 @@ def check_pools(name: str, pool: int, world: int, batch_size: int) -> None:
 
 @METHODS.register("cpc")
 class CPC(Method):
-    description = "CPC v1: conv g_enc + GRU g_ar on sequences, bilinear z^T W_k c per step, InfoNCE (van den Oord et al. 2018)"
+    description = ("CPC v1: conv g_enc + GRU g_ar on sequences, bilinear z^T W_k c per step, InfoNCE "
+                   "(van den Oord et al. 2018)")
     recipe = None  # sequences, not images
     Params = CPCParams
     defaults = {"data": {"source": "sequences"}, "encoder": {"name": "conv1d"},
@@ -54,9 +55,11 @@ class CPC(Method):
     def __init__(self, encoder, params: CPCParams, num_samples: int = 0, ranks: Ranks = Ranks()):
         if not hasattr(encoder, "forward_sequence"):
             raise UserError("cpc needs a sequence encoder (encoder.name conv1d or cpc_audio)")
-        super().__init__(PooledContext(encoder, GRUContext(encoder.dim, params.context_dim)), params, num_samples, ranks)
+        super().__init__(PooledContext(encoder, GRUContext(encoder.dim, params.context_dim)), params, num_samples,
+                         ranks)
         # one W_k per step: [K, D_z, D_c]; near zero at start, so candidates score alike and the loss starts at ~log N
-        self.predictors = nn.Parameter(torch.randn(params.steps, encoder.dim, params.context_dim) * 0.01 / params.context_dim**0.5)
+        self.predictors = nn.Parameter(torch.randn(params.steps, encoder.dim, params.context_dim)
+                                       * 0.01 / params.context_dim**0.5)
 
     @classmethod
     def check_world(cls, params: CPCParams, world: int, batch_size: int) -> None:

@@ -42,7 +42,8 @@ class CPCV2Params:
 
 @METHODS.register("cpc_v2")
 class CPCV2(Method):
-    description = "CPC v2: patch grid, row-causal context, bilinear z^T W_k c over positions, InfoNCE (Hénaff et al. 2019)"
+    description = ("CPC v2: patch grid, row-causal context, bilinear z^T W_k c over positions, InfoNCE "
+                   "(Hénaff et al. 2019)")
     recipe = "cpc_v2_cifar"
     Params = CPCV2Params
     defaults = {"optim": {"name": "adamw", "lr": 2e-4, "weight_decay": 0.0}}
@@ -55,7 +56,8 @@ class CPCV2(Method):
         d = encoder.dim
         self.context = GridContext(d, params.context_hidden or d, params.context_blocks)
         n = params.max_offset - params.min_offset + 1
-        self.predictors = nn.Parameter(torch.randn(n, d, d) * 0.01 / d**0.5)  # W_k: [K, D_z, D_c]; small: loss starts at ~log N
+        # W_k: [K, D_z, D_c]; small: loss starts at ~log N
+        self.predictors = nn.Parameter(torch.randn(n, d, d) * 0.01 / d**0.5)
 
     @classmethod
     def check_world(cls, params: CPCV2Params, world: int, batch_size: int) -> None:

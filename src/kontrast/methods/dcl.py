@@ -34,7 +34,8 @@ class DCLParams(SimCLRParams):
 @dataclass(frozen=True)
 class DCLWParams(DCLParams):
     sigma: float = checked(0.5, gt=0)  # scale of the von Mises-Fisher weighting (paper: 0.5)
-    detach_weights: bool = False  # true: no gradient through the weights (lightly's DCLWLoss); false: the authors' weight_fn
+    detach_weights: bool = False  # true: no gradient through the weights (lightly's DCLWLoss);
+                                  # false: the authors' weight_fn
 
 
 @METHODS.register("dcl")
@@ -65,7 +66,8 @@ class DCLW(DCL):
     Params = DCLWParams
 
     def weights(self, candidates: torch.Tensor, b: int) -> torch.Tensor:
-        pairs = (candidates.detach() if self.params.detach_weights else candidates).unflatten(0, (-1, 2, b))  # [W, 2, B, D]
+        # [W, 2, B, D]
+        pairs = (candidates.detach() if self.params.detach_weights else candidates).unflatten(0, (-1, 2, b))
         cos = paired_cosine(pairs[:, 0].flatten(0, 1), pairs[:, 1].flatten(0, 1))  # [BW] cos(z_k, z_k')
         w = von_mises_fisher_weights(cos, self.params.sigma)[self.ranks.own(b)]  # [B] this rank's images
         return torch.cat([w, w])  # [2B] both views of an image share its pair's weight

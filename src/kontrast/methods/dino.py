@@ -24,9 +24,8 @@ from kontrast.encoders.multicrop import encode_views
 from kontrast.encoders.target import MomentumTarget, cosine_momentum
 from kontrast.errors import UserError
 from kontrast.extract import DINOHead
-from kontrast.losses import (dino_loss, target_statistics, teacher_distribution, teacher_temperature,
-                             update_centre)
-from kontrast.methods.base import embedding_std, Method, Progress, Ranks
+from kontrast.losses import dino_loss, target_statistics, teacher_distribution, teacher_temperature, update_centre
+from kontrast.methods.base import Method, Progress, Ranks, embedding_std
 from kontrast.precision import float32
 from kontrast.registry import METHODS
 
@@ -41,7 +40,10 @@ class DINOParams:
     warmup_teacher_temp: float = checked(0.04, gt=0)  # tau_t at the start of its linear warm-up
     warmup_teacher_temp_epochs: float = checked(30.0, ge=0)  # epochs of tau_t's warm-up (0: teacher_temp throughout)
     centre_momentum: float = checked(0.9, ge=0, le=1)  # 1: the centre stays 0 (no centring: the collapse ablation)
-    base_momentum: float | Literal["auto"] = checked("auto", ge=0, le=1)  # the teacher's EMA momentum at the start (a cosine takes it to 1); auto: the authors' advice for the batch, 0.9995 at 256, 0.996 at 1024
+    base_momentum: float | Literal["auto"] = checked("auto", ge=0, le=1)  # the teacher's EMA momentum at the start
+                                                                          # (a cosine takes it to 1); auto: the authors'
+                                                                          # advice for the batch, 0.9995 at 256,
+                                                                          # 0.996 at 1024
     freeze_last_layer_epochs: float = checked(1.0, ge=0)  # epochs during which the prototype layer gets no gradient
     use_bn_in_head: bool = False  # the authors' option: a short ResNet run needs it (docs/methods.md, "DINO")
     norm_last_layer: bool = True  # the prototypes' gain fixed at 1 (false: learned; the authors' choice for ViT-S)

@@ -39,7 +39,7 @@ from kontrast.losses import target_statistics, teacher_temperature
 from kontrast.losses.distillation import masked_patch_loss
 from kontrast.losses.koleo import koleo
 from kontrast.losses.swav import sinkhorn, swapped_prediction
-from kontrast.methods.base import embedding_std, Method, Progress, Ranks, step_generator
+from kontrast.methods.base import Method, Progress, Ranks, embedding_std, step_generator
 from kontrast.methods.dino import momentum_lines, teacher_momentum
 from kontrast.precision import float32
 from kontrast.registry import METHODS
@@ -55,7 +55,9 @@ class IBOTParams:
     warmup_teacher_temp: float = checked(0.04, gt=0)  # tau_t at the start of its linear warm-up
     warmup_teacher_temp_epochs: float = checked(30.0, ge=0)  # epochs of tau_t's warm-up
     sinkhorn_iterations: int = checked(3, ge=1)  # Sinkhorn-Knopp iterations of the teacher's codes (DINOv2: 3)
-    base_momentum: float | Literal["auto"] = checked("auto", ge=0, le=1)  # the teacher's EMA momentum at the start (cosine to 1); auto: DINO's advice for the batch
+    base_momentum: float | Literal["auto"] = checked("auto", ge=0, le=1)  # the teacher's EMA momentum at the start
+                                                                          # (cosine to 1);
+                                                                          # auto: DINO's advice for the batch
     freeze_last_layer_epochs: float = checked(1.0, ge=0)  # epochs during which the prototypes get no gradient
     norm_last_layer: bool = False  # the prototypes' gain fixed at 1 (false: learned, the ViT-S choice)
     ibot_weight: float = checked(1.0, ge=0)  # the masked-patch loss's weight (0: DINO with KoLeo and Sinkhorn)
@@ -76,12 +78,14 @@ class IBOTParams:
 
     def resolved(self, cfg) -> IBOTParams:
         """``base_momentum: auto`` decided from the global batch (:func:`kontrast.methods.dino.teacher_momentum`)."""
-        return self if self.base_momentum != "auto" else replace(self, base_momentum=teacher_momentum(cfg.train.batch_size))
+        return (self if self.base_momentum != "auto"
+                else replace(self, base_momentum=teacher_momentum(cfg.train.batch_size)))
 
 
 @METHODS.register("ibot")
 class IBOT(Method):
-    description = "iBOT + KoLeo (DINOv2's recipe): class- and masked patch-token self-distillation on a ViT (Zhou et al. 2022)"
+    description = ("iBOT + KoLeo (DINOv2's recipe): class- and masked patch-token self-distillation on a ViT "
+                   "(Zhou et al. 2022)")
     recipe = "dino_multicrop"
     Params = IBOTParams
     vit_only = True  # masked patch tokens (a ResNet is refused before the run: methods/build.py)

@@ -35,7 +35,7 @@ from kontrast.config import checked
 from kontrast.errors import UserError
 from kontrast.extract import mlp
 from kontrast.losses import MemoryBank, estimate_log_z, nce_loss
-from kontrast.methods.base import embedding_std, Method, Progress, Ranks
+from kontrast.methods.base import Method, Progress, Ranks, embedding_std
 from kontrast.precision import at_least_float32
 from kontrast.registry import METHODS
 
@@ -78,7 +78,8 @@ class InstDisc(Method):
         pos = (f * v).sum(1) / p.temperature  # [B] v_i.f_i / tau
         neg = f @ noise.T / p.temperature  # [B, m] v_j.f_i / tau
         if p.z_estimate == "step" or torch.isnan(self.log_z):  # "once": the first batch's estimate, then fixed
-            self.log_z.copy_(estimate_log_z(self.ranks.gather(neg.detach()), n))  # eq. 5 on the step's (all ranks') B x m noise scores
+            # eq. 5 on the step's (all ranks') B x m noise scores
+            self.log_z.copy_(estimate_log_z(self.ranks.gather(neg.detach()), n))
         loss = nce_loss(pos, neg, self.log_z, n)
         if p.proximal:
             loss = loss + p.proximal * ((f - v) ** 2).sum(1).mean()

@@ -17,8 +17,8 @@ temperatures were tuned by random search and no CIFAR table of them is published
 each kernel on the scale of SimCLR's tau = 0.5 (Gaussian tau2 = 1.0, i.e. cosine 0.5).
 
 With MoCo-style negatives (a queue) the same scores apply: ``info_nce(cat([paired_kernel_scores(q, k),
-kernel_scores(q, queue)], 1), zeros)`` (column 0 = the key; ``tests/unit/losses/test_kernels_spectral_nce.py`` checks the Gaussian
-case against ``moco_loss``).
+kernel_scores(q, queue)], 1), zeros)`` (column 0 = the key; ``tests/unit/losses/test_kernels_spectral_nce.py``
+checks the Gaussian case against ``moco_loss``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from kontrast.errors import UserError
 from kontrast.extract import mlp
 from kontrast.losses import mi_bound, two_view_info_nce
-from kontrast.methods.base import embedding_std, Method, Progress, Ranks
+from kontrast.methods.base import Method, Progress, Ranks, embedding_std
 from kontrast.registry import METHODS
 from kontrast.similarity import concat_sum_scores, kernel_scores, simple_sum_scores
 
@@ -72,7 +72,8 @@ class KernelInfoNCE(Method):
     recipe = "simclr_cifar"
     Params = KernelInfoNCEParams
     distributed = True
-    defaults = {"optim": {"name": "sgd", "lr": 0.06, "lr_batch": 256, "momentum": 0.9, "weight_decay": 5e-4}}  # SimCLR's
+    # SimCLR's optimizer
+    defaults = {"optim": {"name": "sgd", "lr": 0.06, "lr_batch": 256, "momentum": 0.9, "weight_decay": 5e-4}}
 
     def __init__(self, encoder, params: KernelInfoNCEParams, num_samples: int = 0, ranks: Ranks = Ranks()):
         super().__init__(encoder, params, num_samples, ranks)
@@ -87,4 +88,5 @@ class KernelInfoNCE(Method):
         candidates, mine = self.ranks.everyone(z)  # [2BW, proj_dim] every rank's cat(view 1, view 2) (one process: z)
         s = scores(self.params, z, candidates)  # [2B, 2BW] log k(z_i, z_j)
         loss = two_view_info_nce(s, b, mine.start)  # NT-Xent's targets: the other view; itself masked
-        return {"loss": loss, "embedding_std": embedding_std(z[:b]), "mi_bound": mi_bound(loss, candidates.shape[0] - 1)}
+        return {"loss": loss, "embedding_std": embedding_std(z[:b]),
+                "mi_bound": mi_bound(loss, candidates.shape[0] - 1)}

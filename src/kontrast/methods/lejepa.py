@@ -24,7 +24,7 @@ from kontrast.encoders.multicrop import encode_views
 from kontrast.errors import UserError
 from kontrast.extract import mlp
 from kontrast.losses.gaussian import lejepa_loss, unit_directions
-from kontrast.methods.base import embedding_std, Method, Progress, Ranks, step_generator
+from kontrast.methods.base import Method, Progress, Ranks, embedding_std, step_generator
 from kontrast.precision import float32
 from kontrast.registry import METHODS
 
@@ -48,7 +48,8 @@ class LeJEPAParams:
 
 @METHODS.register("lejepa")
 class LeJEPA(Method):
-    description = "LeJEPA: views predict the global views' mean embedding, SIGReg keeps it Gaussian (Balestriero & LeCun 2025)"
+    description = ("LeJEPA: views predict the global views' mean embedding, SIGReg keeps it Gaussian "
+                   "(Balestriero & LeCun 2025)")
     recipe = "dino_multicrop"
     Params = LeJEPAParams
     distributed = True  # every rank's embeddings gathered: SIGReg's characteristic function over the global batch

@@ -22,7 +22,7 @@ from kontrast.config import checked
 from kontrast.encoders.target import MomentumTarget, cosine_momentum
 from kontrast.extract import mlp
 from kontrast.losses.capacity import manifold_capacity
-from kontrast.methods.base import embedding_std, Method, Progress, Ranks
+from kontrast.methods.base import Method, Progress, Ranks, embedding_std
 from kontrast.precision import float32
 from kontrast.registry import METHODS
 
@@ -31,7 +31,8 @@ from kontrast.registry import METHODS
 class MMCRParams:
     proj_hidden: int = checked(512, ge=1)  # hidden width of the projector MLP (BN + ReLU)
     proj_dim: int = checked(128, ge=1)  # D, the embedding the centroids live in
-    local_weight: float = checked(0.0, ge=0)  # lambda on each image's own nuclear norm (0: the paper's objective; lightly's default 5e-3)
+    local_weight: float = checked(0.0, ge=0)  # lambda on each image's own nuclear norm
+                                              # (0: the paper's objective; lightly's default 5e-3)
     momentum_encoder: bool = False  # an EMA copy of encoder + projector adds its embeddings to each centroid
     base_momentum: float = checked(0.99, ge=0, le=1)  # the EMA's momentum at the start; a cosine takes it to 1
 

@@ -28,7 +28,7 @@ from kontrast.encoders.target import MomentumTarget
 from kontrast.errors import UserError
 from kontrast.extract import mlp
 from kontrast.losses import Queue, info_nce, mi_bound
-from kontrast.methods.base import embedding_std, Method, Progress, Ranks
+from kontrast.methods.base import Method, Progress, Ranks, embedding_std
 from kontrast.registry import METHODS
 from kontrast.similarity import moco_scores
 
@@ -51,16 +51,17 @@ class MoCoV2Params:
         keys = cfg.train.batch_size * (2 if self.symmetric else 1)
         if self.queue_size < keys:
             raise UserError(f"config key 'method.queue_size' ({self.queue_size}) is smaller than the keys pushed "
-                            f"per step ({keys} = batch {cfg.train.batch_size}{' x 2 views' if self.symmetric else ''}); "
-                            "raise it or lower the batch size")
+                            f"per step ({keys} = batch {cfg.train.batch_size}"
+                            f"{' x 2 views' if self.symmetric else ''}); raise it or lower the batch size")
         if self.bn_groups % cfg.train.accumulate or (cfg.train.accumulate > 1 and not self.head_bn_groups):
             raise UserError(f"train.accumulate ({cfg.train.accumulate}) needs method.bn_groups ({self.bn_groups}) "
                             "divisible by it and method.head_bn_groups true: each micro-batch forwards bn_groups / "
                             "accumulate BN groups through the whole network, as a process does")
         if cfg.train.batch_size < 2 * self.bn_groups:
             raise UserError(f"config key 'method.bn_groups' ({self.bn_groups}) needs 2 samples per BN group, so "
-                            f"a batch of at least {2 * self.bn_groups}; got {cfg.train.batch_size}: lower method.bn_groups "
-                            f"to {max(1, cfg.train.batch_size // 2)} or less, or raise the batch size")
+                            f"a batch of at least {2 * self.bn_groups}; got {cfg.train.batch_size}: "
+                            f"lower method.bn_groups to {max(1, cfg.train.batch_size // 2)} or less, "
+                            "or raise the batch size")
 
 
 @METHODS.register("moco_v2")

@@ -27,7 +27,7 @@ import torch.nn as nn
 from kontrast.encoders.target import MomentumTarget, cosine_momentum
 from kontrast.extract import mlp
 from kontrast.losses import info_nce, mi_bound
-from kontrast.methods.base import embedding_std, Method, Progress, Ranks
+from kontrast.methods.base import Method, Progress, Ranks, embedding_std
 from kontrast.registry import METHODS
 from kontrast.similarity import CosineScores
 
@@ -45,7 +45,8 @@ def cross_entropy(q: torch.Tensor, k: torch.Tensor, temperature: float, offset: 
     Row i's positive is ``k[offset + i]``; every other key is a negative. One process: M = B, offset 0;
     on W ranks ``k`` holds every rank's keys (M = BW) and ``offset`` is this rank's first row.
     """
-    scores = CosineScores(q, k, temperature)  # [B, M] cos(q_i, k_j) / tau (formed by info_nce, in row blocks when large)
+    # [B, M] cos(q_i, k_j) / tau (formed by info_nce, in row blocks when large)
+    scores = CosineScores(q, k, temperature)
     positives = offset + torch.arange(q.shape[0], device=q.device)  # [B] the diagonal of this rank's block
     return info_nce(scores, positives)
 
@@ -58,7 +59,8 @@ class MoCoV3(Method):
     distributed = True
     defaults = {"optim": {"name": "lars", "lars_clip": True, "lr": 0.3, "weight_decay": 1e-6, "warmup_epochs": 10.0}}
     vit_recipe = "the paper's ViT recipe, moco-v3's CONFIG.md"
-    vit_defaults = {"optim": {"name": "adamw", "lr": 1.5e-4, "lr_batch": 256, "weight_decay": 0.1, "warmup_epochs": 40.0},
+    vit_defaults = {"optim": {"name": "adamw", "lr": 1.5e-4, "lr_batch": 256, "weight_decay": 0.1,
+                              "warmup_epochs": 40.0},
                     "encoder": {"freeze_patch_embed": True}}
 
     def __init__(self, encoder, params: MoCoV3Params, num_samples: int = 0, ranks: Ranks = Ranks()):

@@ -24,7 +24,7 @@ from kontrast.config import checked
 from kontrast.errors import UserError
 from kontrast.extract import mlp, nearest_neighbours
 from kontrast.losses import Queue, info_nce, mi_bound
-from kontrast.methods.base import embedding_std, Method, Progress, Ranks
+from kontrast.methods.base import Method, Progress, Ranks, embedding_std
 from kontrast.registry import METHODS
 from kontrast.similarity import CosineScores
 
@@ -70,7 +70,8 @@ class NNCLR(Method):
         nn1, nn2 = nearest_neighbours(z, self.queue.items).split(b)  # [B, d] each: NN(z1, Q), NN(z2, Q), no gradient
         p1, p2 = self.ranks.gather(p[:b]), self.ranks.gather(p[b:])  # [BW, d] every rank's predictions
         positives = self.ranks.own(b).start + torch.arange(b, device=z.device)  # [B] this rank's images among BW
-        scores_1 = CosineScores(nn1, p2, tau)  # [B, BW] cos(NN(z1_i), p2_j) / tau (formed by info_nce, in row blocks when large)
+        # [B, BW] cos(NN(z1_i), p2_j) / tau (formed by info_nce, in row blocks when large)
+        scores_1 = CosineScores(nn1, p2, tau)
         scores_2 = CosineScores(nn2, p1, tau)  # [B, BW] the swapped pair
         loss = (info_nce(scores_1, positives) + info_nce(scores_2, positives)) / 2
         support = self.ranks.gather(F.normalize(z[:b].detach().float(), dim=1))  # [BW, d] view 1, for Q

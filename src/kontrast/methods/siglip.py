@@ -28,7 +28,7 @@ from kontrast.data.captions import captions_for
 from kontrast.encoders.text import TextTransformer, tokenize
 from kontrast.errors import UserError
 from kontrast.losses.sigmoid import sigmoid_pair_loss
-from kontrast.methods.base import embedding_std, Method, Progress, Ranks
+from kontrast.methods.base import Method, Progress, Ranks, embedding_std
 from kontrast.registry import METHODS
 
 
@@ -52,7 +52,8 @@ class SigLIPParams:
 
 @METHODS.register("siglip")
 class SigLIP(Method):
-    description = "SigLIP: image and text towers, a sigmoid loss per pair, learned temperature and bias (Zhai et al. 2023)"
+    description = ("SigLIP: image and text towers, a sigmoid loss per pair, learned temperature and bias "
+                   "(Zhai et al. 2023)")
     recipe = "clip"
     Params = SigLIPParams
     distributed = True  # texts passed around the ring, chunk by chunk (Ranks.pass_on)

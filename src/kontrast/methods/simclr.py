@@ -21,7 +21,7 @@ import torch
 from kontrast.config import checked
 from kontrast.extract import mlp
 from kontrast.losses import mi_bound, nt_xent
-from kontrast.methods.base import embedding_std, Method, Progress, Ranks
+from kontrast.methods.base import Method, Progress, Ranks, embedding_std
 from kontrast.registry import METHODS
 
 VIEW_BN = ("per_view", "joint")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from kontrast.extract import mlp
-from kontrast.methods.base import embedding_std, Method, Progress, Ranks
+from kontrast.methods.base import Method, Progress, Ranks, embedding_std
 from kontrast.registry import METHODS
 from kontrast.similarity import paired_cosine
 

@@ -17,7 +17,7 @@ import torch
 from kontrast.extract import mlp
 from kontrast.losses import spectral_loss_from_scores
 from kontrast.losses.spectral import clip_norm
-from kontrast.methods.base import embedding_std, Method, Progress, Ranks
+from kontrast.methods.base import Method, Progress, Ranks, embedding_std
 from kontrast.registry import METHODS
 
 
@@ -41,10 +41,12 @@ class Spectral(Method):
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
         b, mu = views[0].shape[0], self.params.mu
-        z = self.in_micro_batches(lambda x: self.projector(self.encoder(x)), views[:2])  # [2B, proj_dim], not normalised
+        # [2B, proj_dim], not normalised
+        z = self.in_micro_batches(lambda x: self.projector(self.encoder(x)), views[:2])
         z1, z2 = clip_norm(z[:b].float(), mu), clip_norm(z[b:].float(), mu)  # [B, D] each, norms at most sqrt(mu)
         positive = (z1 * z2).sum(1)  # [B] f(x_i).f(x_i+)
         candidates, mine = self.ranks.everyone(z2)  # [BW, D] every rank's second views (one process: z2)
         scores = z1 @ candidates.T  # [B, BW] f(x_i).f(x_j+); off the positives the independent pairs (x, x-)
-        loss = spectral_loss_from_scores(positive, scores, mu, mine.start)  # (-2 E[f(x).f(x+)] + E[(f(x).f(x-))^2]) / mu
+        # (-2 E[f(x).f(x+)] + E[(f(x).f(x-))^2]) / mu
+        loss = spectral_loss_from_scores(positive, scores, mu, mine.start)
         return {"loss": loss, "embedding_std": embedding_std(z[:b])}

@@ -21,7 +21,7 @@ from kontrast.errors import UserError
 from kontrast.extract import mlp
 from kontrast.losses import mi_bound
 from kontrast.losses.supervised import supervised_contrastive
-from kontrast.methods.base import embedding_std, Method, Progress, Ranks
+from kontrast.methods.base import Method, Progress, Ranks, embedding_std
 from kontrast.registry import METHODS
 
 
@@ -56,7 +56,8 @@ class SupCon(Method):
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
         if indices is None or len(self.labels) == 0:
-            raise UserError("supcon needs the batch's labels: call bind_data(training set) and pass the batch's indices")
+            raise UserError("supcon needs the batch's labels: call bind_data(training set) and pass the batch's "
+                            "indices")
         net = lambda x: self.projector(self.encoder(x))  # noqa: E731 per sample, in micro-batches (base.py)
         z = torch.cat([self.in_micro_batches(net, [v]) for v in views[:2]])  # [2B, D] view 1, then view 2
         z = F.normalize(z.float(), dim=1)
@@ -65,4 +66,5 @@ class SupCon(Method):
         scores = z @ candidates.T / self.params.temperature  # [2B, 2BW] z_i.z_a / tau
         loss = supervised_contrastive(scores, y, self.ranks.gather(y), mine.start)  # L_out, eq. 2
         b = views[0].shape[0]
-        return {"loss": loss, "embedding_std": embedding_std(z[:b]), "mi_bound": mi_bound(loss, candidates.shape[0] - 1)}
+        return {"loss": loss, "embedding_std": embedding_std(z[:b]),
+                "mi_bound": mi_bound(loss, candidates.shape[0] - 1)}

@@ -31,7 +31,7 @@ from kontrast.errors import UserError
 from kontrast.extract import Prototypes, mlp
 from kontrast.losses import Queue
 from kontrast.losses.swav import sinkhorn, swapped_prediction
-from kontrast.methods.base import embedding_std, Method, Progress, Ranks
+from kontrast.methods.base import Method, Progress, Ranks, embedding_std
 from kontrast.precision import at_least_float32, float32
 from kontrast.registry import METHODS
 

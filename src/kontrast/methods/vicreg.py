@@ -5,8 +5,9 @@ encoder -> expander mlp(dim, 2048, 2048, 2048) (3 layers, BN + ReLU on the hidde
 ``Projector``) -> over the global batch ``25 * mse(z1, z2) + 25 * [v(z1) + v(z2)] + 1 * [c(z1) + c(z2)]``
 (Algorithm 1; ``losses/redundancy.py``): v a hinge keeping each dimension's std above 1, c the
 off-diagonal covariances squared / D. The authors' ``main_vicreg.py`` halves the variance term (the mean over
-the two views, not the sum): ``method.variance_views=mean``; the default is the paper's and solo-learn's sum. As in the authors' code, each view goes through the encoder and
-expander on its own (BN statistics per view) and the ResNet starts with zero-initialised residual blocks
+the two views, not the sum): ``method.variance_views=mean``; the default is the paper's and solo-learn's sum.
+As in the authors' code, each view goes through the encoder and expander on its own (BN statistics per view)
+and the ResNet starts with zero-initialised residual blocks
 (``encoder.zero_init_residual``). The paper's expander is 8192-8192-8192 on ImageNet; the CIFAR scale
 here is solo-learn's (scripts/pretrain/cifar/vicreg.yaml): 2048 wide, the paper's coefficients
 25 / 25 / 1, LARS in solo-learn's clipped form (eta 0.02, norms and biases excluded) lr 0.3 x batch/256,
@@ -23,7 +24,7 @@ import torch
 from kontrast.config import checked
 from kontrast.extract import mlp
 from kontrast.losses import vicreg_loss
-from kontrast.methods.base import embedding_std, Method, Progress, Ranks
+from kontrast.methods.base import Method, Progress, Ranks, embedding_std
 from kontrast.registry import METHODS
 
 
@@ -34,7 +35,8 @@ class VICRegParams:
     sim_coeff: float = checked(25.0, ge=0)  # lambda, invariance
     std_coeff: float = checked(25.0, ge=0)  # mu, variance (0 = the ablation that collapses)
     cov_coeff: float = checked(1.0, ge=0)  # nu, covariance
-    variance_views: str = checked("sum", choices=("sum", "mean"))  # the variance term over the views: sum (Algorithm 1, solo-learn) or mean (main_vicreg.py: half)
+    variance_views: str = checked("sum", choices=("sum", "mean"))  # the variance term over the views: sum (Algorithm 1,
+                                                                   # solo-learn) or mean (main_vicreg.py: half)
 
 
 @METHODS.register("vicreg")

@@ -27,8 +27,8 @@ import os
 import shutil
 from pathlib import Path
 
-from safetensors.torch import save_file
 import torch
+from safetensors.torch import save_file
 from torch import nn
 
 from kontrast.checkpoint import read_state
@@ -96,7 +96,8 @@ def preprocessing(size: int, mean, std) -> dict:
     builds it in torchvision."""
     return {"decode": "RGB uint8 [3, H, W] (torchvision.io.decode_image(file, mode=ImageReadMode.RGB))",
             "resize": {"shorter_side": size, "interpolation": "bilinear", "antialias": True, "on": "uint8"},
-            "center_crop": [size, size], "scale": "float32, pixels / 255", "normalize": {"mean": list(mean), "std": list(std)}}
+            "center_crop": [size, size], "scale": "float32, pixels / 255",
+            "normalize": {"mean": list(mean), "std": list(std)}}
 
 
 def image_transform(steps: dict):

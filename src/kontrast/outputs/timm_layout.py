@@ -1,4 +1,5 @@
-"""A kontrast backbone in timm's layout: the state_dict ``timm.create_model(name, pretrained=False, ...)`` loads strictly.
+"""A kontrast backbone in timm's layout: the state_dict ``timm.create_model(name, pretrained=False, ...)`` loads
+strictly.
 
 kontrast's ResNets carry torchvision's key names, which timm's ResNets share; its ViTs carry torchvision's
 ``VisionTransformer`` names, which differ from timm's ``VisionTransformer`` (``class_token`` -> ``cls_token``,

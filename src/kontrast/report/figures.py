@@ -75,7 +75,8 @@ def map_png(points: torch.Tensor, labels: torch.Tensor | None, classes: Sequence
             for form in sorted({shape[i] for i in keep}):
                 rows = [i for i in keep if shape[i] == form]
                 ax.scatter([x[i] for i in rows], [y[i] for i in rows], s=size, color=colour, alpha=0.75, marker=form,
-                           linewidths=0 if form == "o" else 1, label=name if form == min(shape[i] for i in keep) else None)
+                           linewidths=0 if form == "o" else 1,
+                           label=name if form == min(shape[i] for i in keep) else None)
         if len(ids) <= MAX_LEGEND:
             ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, markerscale=1.5, frameon=False)
         else:

@@ -11,20 +11,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 import yaml
 
 from kontrast.checkpoint import read_run_config
 from kontrast.config import Config, to_dict
-import torch
-
 from kontrast.data import Samples
 from kontrast.errors import UserError
 from kontrast.evaluate.features import extract_features
 from kontrast.evaluate.run import EVAL_FILE, load_run, run_views
 from kontrast.methods.build import run_recipe
 from kontrast.report import figures, page
-from kontrast.report.embedding import (caption_of, nearest_neighbours, preview_views, project_2d, report_samples,
-                                       spread_rows)
+from kontrast.report.embedding import (
+    caption_of,
+    nearest_neighbours,
+    preview_views,
+    project_2d,
+    report_samples,
+    spread_rows,
+)
 from kontrast.report.metrics import final_metrics, read_json, read_metrics, warnings_of
 
 NUM_QUERIES, NUM_NEIGHBOURS, NUM_PREVIEWS = 6, 5, 4
@@ -107,7 +112,8 @@ def curves_section(records: list[dict]) -> Section:
         body = page.note("metrics.jsonl is missing or holds no loss, lr, kNN, embedding std or MI-bound values.")
     else:
         body = page.figure(png, "training curves against step",
-                           "Logged every train.log_every steps (auto: 10, fewer in a short run); kNN top-1 appears when train.knn_every > 0. "
+                           "Logged every train.log_every steps (auto: 10, fewer in a short run); "
+                           "kNN top-1 appears when train.knn_every > 0. "
                            "The MI bound is the InfoNCE lower bound log N \u2212 L (nats); it cannot exceed log N. "
                            "Below zero it says nothing about the mutual information: the loss is still above log N "
                            "(worse than scoring every candidate alike), so there is no evidence yet, not a negative "

@@ -10,8 +10,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import fields
-from typing import Any, Callable
+from typing import Any
 
 
 def run_experiment(name: str, args: dict[str, Any], log: Callable[[str], None] = print) -> dict:
@@ -20,7 +21,8 @@ def run_experiment(name: str, args: dict[str, Any], log: Callable[[str], None] =
         from kontrast.theory.spectral import SpectralConfig as cls
         from kontrast.theory.spectral_report import write_spectral as write
     elif name == "mi":
-        from kontrast.theory.mi import MIConfig as cls, write_mi as write
+        from kontrast.theory.mi import MIConfig as cls
+        from kontrast.theory.mi import write_mi as write
     else:
         raise ValueError(f"unknown theory experiment {name!r}")
     settings = {f.name: args[f.name] for f in fields(cls) if args.get(f.name) is not None}

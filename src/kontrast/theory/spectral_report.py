@@ -9,8 +9,8 @@ experiment. matplotlib is imported only when a figure is drawn (:mod:`kontrast.p
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 

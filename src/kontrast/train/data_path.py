@@ -28,12 +28,18 @@ from torch.utils.data import DataLoader
 
 from kontrast.config import Config
 from kontrast.data import batch_indices, load_images
+from kontrast.data.decode import read_regular_file
 from kontrast.data.layout import list_files, plan_layout
 from kontrast.data.shard_index import open_shards
 from kontrast.data.stream_dataset import RunBatches, StreamBatch, StreamViews, ViewCollate
-from kontrast.data.decode import read_regular_file
-from kontrast.data.stream_source import (StreamSource, is_folder_spec, is_shard_spec, open_stream, size_range,
-                                        spread_sizes)
+from kontrast.data.stream_source import (
+    StreamSource,
+    is_folder_spec,
+    is_shard_spec,
+    open_stream,
+    size_range,
+    spread_sizes,
+)
 from kontrast.errors import UserError
 
 MODES = ("auto", "memory", "stream")

@@ -34,7 +34,7 @@ def launched() -> bool:
     return "WORLD_SIZE" in os.environ
 
 
-def init(device: torch.device, bind: bool = True, timeout: float = 1800.0) -> "ProcessGroupRanks":
+def init(device: torch.device, bind: bool = True, timeout: float = 1800.0) -> ProcessGroupRanks:
     """Join the process group torchrun describes (idempotent); the ranks object the methods use.
 
     ``bind`` (``train.bind_cores``): on CPU, first :func:`bind_cores`, so gloo's threads start on this rank's cores.
@@ -205,7 +205,8 @@ class _GlobalBatchNormFn(torch.autograd.Function):
         stats = x.new_empty(dist.get_world_size() * (2 * x.shape[1] + 1))
         dist.all_gather_single(stats, torch.cat([mean_r, var_r, n_r]))
         stats = stats.view(dist.get_world_size(), -1)  # [W, 2C + 1]: every rank's mean, variance, count
-        means, variances, counts = stats[:, : x.shape[1]], stats[:, x.shape[1]: -1], stats[:, -1:]  # [W, C] [W, C] [W, 1]
+        # [W, C] [W, C] [W, 1]
+        means, variances, counts = stats[:, : x.shape[1]], stats[:, x.shape[1]: -1], stats[:, -1:]
         n = counts.sum()
         mean = (counts * means).sum(0) / n  # [C]
         var = (counts * (variances + (means - mean).pow(2))).sum(0) / n  # [C] biased, over the global batch
@@ -272,7 +273,8 @@ def global_batch_norm(module: nn.Module) -> nn.Module:
         if isinstance(child, nn.modules.batchnorm._BatchNorm) and not isinstance(child, GlobalBatchNorm):
             if child.momentum is None:
                 raise UserError("train.sync_bn: BatchNorm with momentum=None (cumulative average) is not supported")
-            new = GlobalBatchNorm(child.num_features, child.eps, child.momentum, child.affine, child.track_running_stats)
+            new = GlobalBatchNorm(child.num_features, child.eps, child.momentum, child.affine,
+                                  child.track_running_stats)
             new.load_state_dict(child.state_dict())
             new.train(child.training)
             setattr(module, name, new.to(next(child.buffers(), torch.empty(0)).device))

@@ -88,7 +88,8 @@ class CollapseMonitor:
         return {"below_since": self.below_since, "warned": self.warned}
 
     def update(self, step: int, std: float | None, top_share: float | None = None) -> str | None:
-        low_std = self.threshold > 0 and std is not None and std < self.threshold  # NaN: not collapsed (non-finite guard)
+        # NaN: not collapsed (non-finite guard)
+        low_std = self.threshold > 0 and std is not None and std < self.threshold
         dominant = self.share < 1 and top_share is not None and top_share > self.share
         if not (low_std or dominant):
             self.below_since, self.warned = None, False
@@ -119,7 +120,7 @@ class SignalStop:
         self.received: int | None = None
         self._previous: dict = {}
 
-    def __enter__(self) -> "SignalStop":
+    def __enter__(self) -> SignalStop:
         if threading.current_thread() is threading.main_thread():
             for sig in self.SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)

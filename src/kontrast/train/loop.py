@@ -34,8 +34,15 @@ from kontrast.train.data_path import TrainData, bad_image_error, check_batch, ep
 from kontrast.train.events import Events, Listener
 from kontrast.train.guards import SignalStop, floating_state, nonfinite
 from kontrast.train.monitor import KnnMonitor
-from kontrast.train.plan import (RunPlan, Schedule, build_run, plan_run, resolve_device, with_run_length,
-                                 write_run_config)
+from kontrast.train.plan import (
+    RunPlan,
+    Schedule,
+    build_run,
+    plan_run,
+    resolve_device,
+    with_run_length,
+    write_run_config,
+)
 from kontrast.train.rundir import check_run_dir, prepare_run_dir, rng_state, set_rng_state
 from kontrast.train.runlog import RunLog
 from kontrast.train.step import StepContext, StepResult, train_step
@@ -101,7 +108,7 @@ def _fit(cfg: Config, run_dir: Path, resume: bool, overwrite: bool, progress: bo
     return summary
 
 
-def _resume(loop: "Loop", lead: bool) -> bool:
+def _resume(loop: Loop, lead: bool) -> bool:
     """Restore the newest checkpoint and say so; True when the run had already finished (rank 0 says it)."""
     ckpt = loop.restore()
     total, per_epoch, epochs = loop.schedule.total_steps, loop.schedule.steps_per_epoch, loop.plan.cfg.train.epochs
@@ -190,8 +197,9 @@ class Loop:
                  "steps_per_epoch": s.steps_per_epoch, "num_samples": s.num_samples,
                  "method": self.plan.cfg.method.name, "wall_s": round(self.wall_before + self.segment_wall(), 2),
                  "segments": self.segments, **self.counters, **self.events.state()}
-        path = save_checkpoint(run_dir, ctx.method, ctx.optimizer, state, rng=rng_state(ctx.device),
-                               halfway=lambda: self.events.emit("checkpoint_writing", self, step)) if self.lead else None
+        path = (save_checkpoint(run_dir, ctx.method, ctx.optimizer, state, rng=rng_state(ctx.device),
+                                halfway=lambda: self.events.emit("checkpoint_writing", self, step))
+                if self.lead else None)
         if self.ranks.world > 1:
             distributed.barrier()  # the others go on once rank 0's checkpoint is complete
         path = path or latest_checkpoint(run_dir)

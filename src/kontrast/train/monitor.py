@@ -20,7 +20,7 @@ class KnnMonitor(Listener):
         self.plan, self.train, self.test = plan, train, test
 
     @classmethod
-    def create(cls, plan: RunPlan, data) -> "KnnMonitor | None":
+    def create(cls, plan: RunPlan, data) -> KnnMonitor | None:
         """The monitor of a run on ``data`` (its training split), or None: off, unlabelled, or no test split."""
         cfg = plan.cfg
         tc = cfg.train
@@ -34,7 +34,8 @@ class KnnMonitor(Listener):
                 raise
             print(f"note: no kNN monitor: {exc}", file=sys.stderr)
             return None
-        if isinstance(data, StreamSource):  # the streaming path: the monitor's bank decoded whole, at most knn_max_train
+        # the streaming path: the monitor's bank decoded whole, at most knn_max_train
+        if isinstance(data, StreamSource):
             data = data.decoded(tc.knn_max_train, cfg.data.size, seed=tc.seed)
         return cls(plan, data, test.subset(tc.knn_max_test, seed=tc.seed))
 

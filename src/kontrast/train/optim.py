@@ -34,7 +34,8 @@ class LARS(torch.optim.Optimizer):
 
     def __init__(self, params, lr: float, momentum: float = 0.9, weight_decay: float = 0.0, eta: float = 0.02,
                  clip: bool = False):
-        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, eta=eta, lars=True, clip=clip))
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, eta=eta, lars=True,
+                                      clip=clip))
 
     @torch.no_grad()
     def step(self, closure=None):

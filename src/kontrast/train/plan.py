@@ -26,8 +26,17 @@ from kontrast.data import batch_indices
 from kontrast.data.sources import absolute_source
 from kontrast.errors import UserError
 from kontrast.methods.base import Progress, Ranks
-from kontrast.methods.build import (build_encoder_args, check_inputs, check_size, create_method, decide_size, encoder_layers,
-                                    recipe_lines, run_recipe, view_multiple)
+from kontrast.methods.build import (
+    build_encoder_args,
+    check_inputs,
+    check_size,
+    create_method,
+    decide_size,
+    encoder_layers,
+    recipe_lines,
+    run_recipe,
+    view_multiple,
+)
 from kontrast.precision import choose_precision
 from kontrast.registry import METHODS
 from kontrast.train import distributed
@@ -35,6 +44,7 @@ from kontrast.train.data_path import TrainData, choose_mode, load_train_data
 from kontrast.train.guards import NonFiniteGuard
 from kontrast.train.optim import create_optimizer, lr_schedule, peak_lr, weight_decay_schedule
 from kontrast.train.step import StepContext
+
 
 def resolve_device(name: str) -> torch.device:
     """``train.device`` as a device: ``auto`` is CUDA where there is one, else the CPU."""
@@ -124,8 +134,9 @@ def plan_run(cfg: Config, ranks: Ranks = Ranks()) -> RunPlan:
         raise UserError(f"method {cfg.method.name} takes no image augmentation; remove the augment settings")
     views = _views(cfg, recipe) if recipe else ()
     ramp = _ramp_views(cfg, recipe) if cfg.augment.min_size else ()
-    return RunPlan(cfg=cfg, device=str(device), rank=ranks.rank, world=ranks.world, numerics=numerics, sized=tuple(sized),
-                   data_why=data_why, recipe=recipe, views=views, encoder=build_encoder_args(cfg), ramp_views=ramp)
+    return RunPlan(cfg=cfg, device=str(device), rank=ranks.rank, world=ranks.world, numerics=numerics,
+                   sized=tuple(sized), data_why=data_why, recipe=recipe, views=views, encoder=build_encoder_args(cfg),
+                   ramp_views=ramp)
 
 
 def check_micro_batches(cfg: Config, world: int) -> None:
@@ -142,7 +153,8 @@ def _views(cfg: Config, recipe: str) -> tuple[ViewSpec, ...]:
     """``recipe``'s views at ``data.size``; where a view cannot be made at that size (AMDIM's translation), the
     one line :func:`~kontrast.methods.build.check_size` gives, naming the smallest size that works."""
     try:
-        return recipe_views(recipe, cfg.data.size, cfg.augment.view, cfg.augment.views, view_multiple(cfg, cfg.data.size))
+        return recipe_views(recipe, cfg.data.size, cfg.augment.view, cfg.augment.views,
+                            view_multiple(cfg, cfg.data.size))
     except UserError:
         check_size(cfg, create_method(cfg, pretrained=False))  # the error path only: a method to ask its limits
         raise

@@ -15,8 +15,8 @@ non-finite check sees the same gradients on every rank and every rank skips or s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

@@ -1,7 +1,6 @@
 """Strict config loading, overrides and the recipes in configs/."""
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 
@@ -73,7 +72,8 @@ def test_each_method_has_a_recipe_file_stating_its_defaults(name):
     assert path.is_file(), f"missing {path}"
     raw = load_yaml(path)
     from_file, defaults = resolve(raw), resolve({"method": {"name": name}})
-    assert set(raw["method"]) - {"name"} == {f.name for f in dataclasses.fields(defaults.method.params)}, "state every method key"
+    params = {f.name for f in dataclasses.fields(defaults.method.params)}
+    assert set(raw["method"]) - {"name"} == params, "state every method key"
     assert from_file.method == defaults.method
     assert from_file.optim == defaults.optim
 

@@ -13,8 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from kontrast.data import Samples, batch_indices, epoch_permutation, load_images
-from kontrast.data import decode
+from kontrast.data import Samples, batch_indices, decode, epoch_permutation, load_images
 from kontrast.data import folder as folder_source
 from kontrast.errors import UserError
 
@@ -389,7 +388,8 @@ def test_paths_survive_the_cache(split_tree, tmp_path, monkeypatch):
     monkeypatch.undo()
     from_tar = _load(archive, "test", cache_dir=cache_dir)
     _refuse_decoding(monkeypatch)
-    assert _load(archive, "test", cache_dir=cache_dir).paths == from_tar.paths == ["data/" + p for p in first["test"].paths]
+    assert (_load(archive, "test", cache_dir=cache_dir).paths == from_tar.paths
+            == ["data/" + p for p in first["test"].paths])
 
 
 def test_paths_of_skipped_bad_images_are_left_out(bad_tree):

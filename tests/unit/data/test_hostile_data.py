@@ -136,7 +136,8 @@ def test_each_bad_file_has_its_own_reason(hostile):
     assert "decompression-bomb" in reasons["a/bomb.jpg"] and "30000x30000" in reasons["a/bomb.jpg"]
     assert "decompression-bomb" in reasons["a/bomb.png"] or "DecompressionBomb" in reasons["a/bomb.png"]
     assert "symbolic links" in reasons["a/loop1.jpg"]
-    assert reasons["b/devzero.jpg"].startswith("not a regular file") and reasons["b/fifo.png"].startswith("not a regular")
+    assert reasons["b/devzero.jpg"].startswith("not a regular file")
+    assert reasons["b/fifo.png"].startswith("not a regular")
     assert "truncated" in reasons["a/half.jpg"] and "not a recognised image" in reasons["a/random.jpg"]
 
 

@@ -237,7 +237,8 @@ def test_make_shapes_and_shards_through_the_cli(bad_tree, tmp_path):
 
 @pytest.mark.parametrize("argv, fragment", [
     (["shards", "--data", "{missing}", "--out", "{out}"], "dataset not found"),
-    (["shards", "--data", "{tree}", "--out", "{out}", "--per-shard", "0"], "--per-shard must be an integer of at least 1"),
+    (["shards", "--data", "{tree}", "--out", "{out}", "--per-shard", "0"],
+     "--per-shard must be an integer of at least 1"),
     (["shards", "--data", "{tree}", "--out", "{tree}"], "is not an empty folder"),
     (["make-shapes", "--out", "{out}", "--n", "3"], "--n must be an integer of at least 5"),
     (["make-shapes", "--out", "{out}", "--shards", "--per-shard", "0"], "--per-shard must be"),

@@ -15,8 +15,7 @@ from torch.utils.data import DataLoader
 from kontrast.augment import SampleRNG, derive_key, key_tensor, make_views, ops, recipe_views, to_float
 from kontrast.augment.views import make_cropped_views
 from kontrast.config import Config, DataConfig
-from kontrast.data import batch_indices, write_folder_shards, write_shapes_files
-from kontrast.data import stream_decode
+from kontrast.data import batch_indices, stream_decode, write_folder_shards, write_shapes_files
 from kontrast.data.stream_dataset import RunBatches, StreamViews, ViewCollate, replacement
 from kontrast.data.stream_decode import batch_crop_boxes, crop_boxes, decode_views, draft_factor
 from kontrast.data.stream_source import open_stream

@@ -209,7 +209,8 @@ def test_dino_vit_recipe_file_states_the_papers_settings():
     assert (cfg.encoder.name, cfg.encoder.patch_size, cfg.augment.recipe) == ("vit_tiny", 4, "dino_multicrop")
     assert (p.warmup_teacher_temp, p.teacher_temp, p.warmup_teacher_temp_epochs, p.base_momentum, p.use_bn_in_head,
             p.norm_last_layer) == (0.04, 0.07, 30.0, 0.9995, False, False)
-    assert (o.name, o.lr, o.lr_batch, o.weight_decay, o.warmup_epochs, o.min_lr) == ("adamw", 5e-4, 256, 0.04, 10.0, 1e-6)
+    assert (o.name, o.lr, o.lr_batch, o.weight_decay, o.warmup_epochs, o.min_lr) == \
+        ("adamw", 5e-4, 256, 0.04, 10.0, 1e-6)
     assert (o.weight_decay_end, o.clip_grad, cfg.encoder.drop_path) == (0.4, 3.0, 0.1)
     defaults = resolve({"method": {"name": "dino"}, "encoder": {"name": "vit_tiny"}})
     assert (cfg.optim, cfg.method.params, cfg.encoder.drop_path) == (defaults.optim, defaults.method.params, 0.1)

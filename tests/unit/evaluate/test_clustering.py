@@ -2,7 +2,6 @@
 on a fraction of the labels."""
 
 import itertools
-import math
 
 import pytest
 import torch
@@ -10,8 +9,14 @@ import torch
 from kontrast.data import Samples, make_shapes
 from kontrast.encoders import create_encoder
 from kontrast.errors import UserError
-from kontrast.evaluate.clustering import (adjusted_mutual_info, adjusted_rand_index, cluster_scores,
-                                          expected_mutual_info, hungarian_accuracy, normalized_mutual_info)
+from kontrast.evaluate.clustering import (
+    adjusted_mutual_info,
+    adjusted_rand_index,
+    cluster_scores,
+    expected_mutual_info,
+    hungarian_accuracy,
+    normalized_mutual_info,
+)
 from kontrast.evaluate.finetune import class_balanced_indices, default_epochs, epoch_batches, finetune_top1
 from support.reference import naive_ami, naive_nmi
 

@@ -1,7 +1,5 @@
 """Evaluate room: kNN against a naive loop, linear probe sanity, feature extraction."""
 
-import math
-
 import pytest
 import torch
 from torch import nn

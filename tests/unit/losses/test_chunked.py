@@ -1,7 +1,5 @@
 """Blocked (linear-memory) InfoNCE: same value and gradient as the dense form, never the whole [N, M]."""
 
-import math
-
 import pytest
 import torch
 import torch.nn.functional as F

@@ -7,7 +7,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kontrast.losses import MemoryBank, estimate_log_z, info_nce, moco_loss, nce_loss, nt_xent, spectral_contrastive_loss
+from kontrast.losses import (
+    MemoryBank,
+    estimate_log_z,
+    info_nce,
+    moco_loss,
+    nce_loss,
+    nt_xent,
+    spectral_contrastive_loss,
+)
 from kontrast.similarity import (
     concat_sum_scores,
     kernel_scores,

@@ -70,7 +70,8 @@ def test_similarities():
     expect = torch.tensor([[float(cosine64(x, y)) / 0.1 for y in b] for x in a], dtype=torch.float64)
     assert torch.allclose(cosine(a, b, 0.1).double(), expect, atol=1e-4)
     assert torch.allclose(paired_cosine(a, a[[1, 0, 2]]).double(),
-                          torch.tensor([float(cosine64(a[i], a[j])) for i, j in [(0, 1), (1, 0), (2, 2)]], dtype=torch.float64),
+                          torch.tensor([float(cosine64(a[i], a[j])) for i, j in [(0, 1), (1, 0), (2, 2)]],
+                                       dtype=torch.float64),
                           atol=1e-6)
 
 

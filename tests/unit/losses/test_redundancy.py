@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from kontrast.losses import barlow_twins_loss, vicreg_loss
-from kontrast.losses.redundancy import BN_EPS
 from support.reference import naive_barlow_twins, naive_vicreg
 
 

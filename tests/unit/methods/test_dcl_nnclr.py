@@ -175,7 +175,8 @@ def test_dclw_follows_the_authors_weight_gradient_unless_told_to_detach():
     torch.manual_seed(0)
     grads = {}
     for detach in (False, True):
-        cfg = resolve({"method": {"name": "dclw", "detach_weights": detach, "proj_dim": 8}, "encoder": {"width": 0.125}})
+        cfg = resolve({"method": {"name": "dclw", "detach_weights": detach, "proj_dim": 8},
+                       "encoder": {"width": 0.125}})
         method = create_method(cfg).double()
         z = torch.randn(16, 8, dtype=torch.float64, requires_grad=True)
         w = method.weights(z, 8)  # [16] both views' weights

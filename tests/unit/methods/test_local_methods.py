@@ -15,7 +15,7 @@ from kontrast.data.sequences import SEQUENCE_CLASSES, make_sequences
 from kontrast.encoders import create_encoder
 from kontrast.errors import UserError
 from kontrast.evaluate.run import evaluate_run
-from kontrast.extract import GRUContext, GridContext, PooledContext
+from kontrast.extract import GridContext, GRUContext, PooledContext
 from kontrast.losses import info_nce, mi_bound, nce_shared_negatives, score_penalty
 from kontrast.losses.local import global_local_nce, pooled_info_nce, positional_nce
 from kontrast.methods import METHODS
@@ -43,7 +43,8 @@ def test_bilinear_matches_zT_W_c():
 def test_scaled_dot_and_soft_clip_match_amdim_formulas():
     a, b = rand(3, 8), rand(4, 8)
     raw = scaled_dot(a, b).double()
-    expect = torch.tensor([[float(a[i] @ b[j]) / math.sqrt(8) for j in range(4)] for i in range(3)], dtype=torch.float64)
+    expect = torch.tensor([[float(a[i] @ b[j]) / math.sqrt(8) for j in range(4)] for i in range(3)],
+                          dtype=torch.float64)
     assert torch.allclose(raw, expect, atol=1e-5)  # scaled_dot computes in fp32
     s = rand(50) * 30
     clipped = soft_clip(s, 20.0)
@@ -61,7 +62,8 @@ def test_nce_shared_negatives_matches_per_pair_formula():
     neg = ~pos & (torch.rand(4, 9, generator=G) < 0.8)  # some pairs are neither (ignored)
     got = nce_shared_negatives(scores, pos, neg).item()
     assert got == pytest.approx(naive_shared_negatives(scores, pos, neg), rel=1e-6)
-    assert nce_shared_negatives(scores, pos).item() == pytest.approx(naive_shared_negatives(scores, pos, ~pos), rel=1e-6)
+    assert nce_shared_negatives(scores, pos).item() == \
+        pytest.approx(naive_shared_negatives(scores, pos, ~pos), rel=1e-6)
 
 
 def test_global_local_nce_is_amdims_loss():
@@ -70,7 +72,8 @@ def test_global_local_nce_is_amdims_loss():
     anchors, maps = rand(b, r), rand(b, r, h, w) * 3
     loss, raw = global_local_nce(anchors, maps, clip)
     cands = [maps[j, :, y, x] for j in range(b) for y in range(h) for x in range(w)]  # item-major, row-major
-    naive_raw = torch.tensor([[float(anchors[i] @ c) / math.sqrt(r) for c in cands] for i in range(b)], dtype=torch.float64)
+    naive_raw = torch.tensor([[float(anchors[i] @ c) / math.sqrt(r) for c in cands] for i in range(b)],
+                             dtype=torch.float64)
     assert torch.allclose(raw.double(), naive_raw, atol=1e-5)
     clipped = clip * torch.tanh(naive_raw / clip)
     pos = torch.tensor([[j // (h * w) == i for j in range(b * h * w)] for i in range(b)])

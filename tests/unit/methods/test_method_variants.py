@@ -8,14 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from kontrast.errors import UserError
-from kontrast.losses import MemoryBank, estimate_log_z, info_nce, moco_loss, nce_loss, nt_xent, spectral_contrastive_loss
-from support.reference import naive_nce, naive_spectral
-from kontrast.similarity import (
-    concat_sum_scores,
-    kernel_scores,
-    paired_kernel_scores,
-    simple_sum_scores,
-)
+from support.reference import naive_nce
 
 
 def _randn(*shape, seed=0):
@@ -141,10 +134,10 @@ def test_simclr_v2_evaluates_from_the_first_head_layer():
     m = _method("simclr_v2")
     x = torch.randn(4, 3, 32, 32)
     assert m.encoder.dim == 64 and m.encoder(x).shape == (4, 64)  # width-0.125 ResNet-18: 64 features
-    assert len([l for l in m.projector if isinstance(l, torch.nn.Linear)]) == 2  # 3 layers in all
+    assert len([layer for layer in m.projector if isinstance(layer, torch.nn.Linear)]) == 2  # 3 layers in all
     plain = _method("simclr_v2", keep_head_layers=0)
     assert not hasattr(plain.encoder, "head")
-    assert len([l for l in plain.projector if isinstance(l, torch.nn.Linear)]) == 3
+    assert len([layer for layer in plain.projector if isinstance(layer, torch.nn.Linear)]) == 3
     with pytest.raises(UserError, match="keep_head_layers"):
         _method("simclr_v2", keep_head_layers=3)
 
@@ -206,7 +199,7 @@ def test_moco_bn_groups_hold_one_view_each_with_two_or_more_samples(name, b):
         per_view: dict[int, list[list[int]]] = {}
         for group in calls:
             per_view.setdefault(group[0] // 1000, []).append(group)
-        for v, view_groups in per_view.items():
+        for view_groups in per_view.values():
             assert len(view_groups) == 8
             sizes = [len(g) for g in view_groups]
             assert max(sizes) - min(sizes) <= 1  # as equal as possible

@@ -4,11 +4,11 @@ import pytest
 import torch
 from safetensors.torch import save
 
+from kontrast.augment import make_views
+from kontrast.data import Samples
 from kontrast.methods import METHODS
 from kontrast.methods.base import Progress
 from kontrast.methods.build import create_method, resolve, view_specs
-from kontrast.augment import make_views
-from kontrast.data import Samples
 from support.args import TINY_ENCODER, tiny_encoder
 
 TINY = {"encoder": TINY_ENCODER}
@@ -22,7 +22,8 @@ def test_smoke_step(name):
     method = create_method(cfg, num_samples=8)  # a dataset of 8 images (sizes per-sample state)
     assert method.description and method.recipe
     images = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
-    method.bind_data(Samples(images, torch.arange(8) % 2, ["cat", "dog"], "smoke"))  # as the loop does (CLIP's captions)
+    # as the loop does (CLIP's captions)
+    method.bind_data(Samples(images, torch.arange(8) % 2, ["cat", "dog"], "smoke"))
     views = make_views(images, view_specs(cfg, method), torch.Generator().manual_seed(0))
     before = [p.detach().clone() for p in method.parameters()]
     out = method.training_step(views, torch.arange(8), Progress(step=0, epoch=0, total_steps=2, steps_per_epoch=1))

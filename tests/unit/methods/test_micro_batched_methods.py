@@ -61,7 +61,8 @@ def _method(name: str, accumulate: int, nudged: bool = False):
     specs = view_specs(cfg, method)
     method.bind_data(Samples(torch.randint(0, 256, (32, 3, 32, 32), dtype=torch.uint8), torch.arange(32) % 4,
                              list("abcd"), "micro"))
-    return method, lambda images, gen: [v.double() if v.is_floating_point() else v for v in make_views(images, specs, gen)]
+    return method, lambda images, gen: [v.double() if v.is_floating_point() else v
+                                        for v in make_views(images, specs, gen)]
 
 
 def _two_steps(name: str, accumulate: int, nudged: bool = False) -> dict[str, dict[str, torch.Tensor]]:

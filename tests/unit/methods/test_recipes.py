@@ -38,7 +38,8 @@ def test_dino_on_a_resnet_keeps_its_resnet_recipe_and_what_the_user_sets_wins():
 
 def test_moco_v3_on_a_vit_takes_the_papers_vit_recipe():
     vit, resnet = resolve({"method": {"name": "moco_v3"}, "encoder": VIT}), resolve({"method": {"name": "moco_v3"}})
-    assert (vit.optim.name, vit.optim.lr, vit.optim.weight_decay, vit.optim.warmup_epochs) == ("adamw", 1.5e-4, 0.1, 40.0)
+    assert (vit.optim.name, vit.optim.lr, vit.optim.weight_decay, vit.optim.warmup_epochs) == \
+        ("adamw", 1.5e-4, 0.1, 40.0)
     assert vit.encoder.freeze_patch_embed is True and vit.method.params.temperature == 0.2
     assert (resnet.optim.name, resnet.optim.lr, resnet.encoder.freeze_patch_embed) == ("lars", 0.3, False)
     assert recipe_lines(vit)[0].startswith("recipe: moco_v3 on a ViT defaults to the paper's ViT recipe")
@@ -56,12 +57,15 @@ def test_teacher_momentum_follows_the_authors_advice_for_the_batch():
     """main_dino.py: 0.996 at batch 1024, 0.9995 advised at 256; log-log between, the nearer one outside."""
     assert teacher_momentum(256) == 0.9995 and teacher_momentum(1024) == 0.996
     assert teacher_momentum(64) == 0.9995 and teacher_momentum(4096) == 0.996
-    assert 0.996 < teacher_momentum(512) < 0.9995 and teacher_momentum(512) == pytest.approx(1 - 0.0005 * 2 ** 1.5, abs=1e-6)
-    assert resolve({"method": {"name": "dino"}}).method.params.base_momentum == 0.9995  # batch 256, stated in the config
+    assert 0.996 < teacher_momentum(512) < 0.9995
+    assert teacher_momentum(512) == pytest.approx(1 - 0.0005 * 2 ** 1.5, abs=1e-6)
+    # batch 256, stated in the config
+    assert resolve({"method": {"name": "dino"}}).method.params.base_momentum == 0.9995
     assert resolve({"method": {"name": "dino"}, "train": {"batch_size": 1024}}).method.params.base_momentum == 0.996
     set_by_user = resolve({"method": {"name": "dino", "base_momentum": 0.99}, "train": {"batch_size": 512}})
     assert set_by_user.method.params.base_momentum == 0.99
-    assert recipe_lines(set_by_user)[-1] == "teacher momentum: 0.99 as set (the authors' advice gives 0.998586 for batch 512)"
+    assert recipe_lines(set_by_user)[-1] == \
+        "teacher momentum: 0.99 as set (the authors' advice gives 0.998586 for batch 512)"
 
 
 def test_norm_last_layer_false_learns_the_prototype_gain_except_while_frozen():
@@ -80,6 +84,7 @@ def test_norm_last_layer_false_learns_the_prototype_gain_except_while_frozen():
     z = torch.randn(3, 8)
     with torch.no_grad():
         gain.mul_(2.0)  # the gain scales each prototype's logit
-        want = torch.nn.functional.normalize(z, dim=1) @ (2 * torch.nn.functional.normalize(method.head.last.weight, dim=1)).T
+        want = (torch.nn.functional.normalize(z, dim=1)
+                @ (2 * torch.nn.functional.normalize(method.head.last.weight, dim=1)).T)
         assert torch.allclose(method.head.prototypes(torch.nn.functional.normalize(z, dim=1)), want, atol=1e-6)
     assert resolve({"method": {"name": "dino"}}).method.params.norm_last_layer is True  # ResNet: the authors' default

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from kontrast.augment import make_views
+from kontrast.config import merge, parse_override
 from kontrast.errors import UserError
 from kontrast.methods.base import Progress
 from kontrast.methods.build import check_size, create_method, resolve, smallest_size, view_specs
-from kontrast.config import merge, parse_override
 from support.args import small_heads
 from support.cli import in_process
 
@@ -30,7 +30,8 @@ LIMITS = [  # (method, settings, smallest data.size, what the error names)
 ]
 
 
-@pytest.mark.parametrize("method, items, smallest, fragment", LIMITS, ids=lambda v: str(v) if isinstance(v, int) else None)
+@pytest.mark.parametrize("method, items, smallest, fragment", LIMITS,
+                         ids=lambda v: str(v) if isinstance(v, int) else None)
 def test_smallest_size_trains_and_one_pixel_less_is_refused(method, items, smallest, fragment):
     cfg = _cfg(method, smallest, *items)
     model = create_method(cfg, num_samples=4)
@@ -42,7 +43,8 @@ def test_smallest_size_trains_and_one_pixel_less_is_refused(method, items, small
     assert torch.isfinite(out["loss"])
     if smallest > 4:
         below = _cfg(method, smallest - 1, *items)
-        with pytest.raises(UserError, match=f"data.size {smallest - 1} is too small.*{fragment}.*set data.size={smallest}"):
+        with pytest.raises(UserError,
+                           match=f"data.size {smallest - 1} is too small.*{fragment}.*set data.size={smallest}"):
             check_size(below, create_method(below, num_samples=4))
 
 

@@ -19,12 +19,12 @@ from kontrast.encoders.multicrop import encode_views
 from kontrast.encoders.text import EOT, PAD, TextTransformer, detokenize, tokenize
 from kontrast.errors import UserError
 from kontrast.evaluate.zeroshot import zeroshot_top1
-from kontrast.losses.swav import sinkhorn, swapped_prediction
 from kontrast.losses.infonce import symmetric_info_nce
+from kontrast.losses.swav import sinkhorn, swapped_prediction
 from kontrast.methods.base import Progress
 from kontrast.methods.build import create_method, resolve, view_specs
-from support.reference import naive_sinkhorn, naive_swapped_prediction
 from support.args import TINY_ENCODER
+from support.reference import naive_sinkhorn, naive_swapped_prediction
 
 TINY = {"encoder": TINY_ENCODER}
 

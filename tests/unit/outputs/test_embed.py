@@ -16,7 +16,6 @@ from kontrast.outputs.embed import embed
 from support.args import TINY
 
 
-
 def _folder(root, classes=("cat", "dog"), per_class=12):
     """Class folders only: every 10th image of each class is held out as test."""
     rng = np.random.default_rng(0)

@@ -14,9 +14,9 @@ import torch
 
 from kontrast.augment import RECIPES, SampleRNG, derive_key, key_tensor, make_views
 from kontrast.bench.augment import resolved_recipe
+from kontrast.data import Samples
 from kontrast.losses import info_nce_chunked, moco_loss, nt_xent
 from kontrast.methods.base import Progress
-from kontrast.data import Samples
 from kontrast.methods.build import resolve
 from kontrast.train.data_path import TrainData
 from kontrast.train.plan import build_run, plan_run

@@ -6,13 +6,19 @@ import pytest
 import torch
 import torch.nn as nn
 
-from kontrast.encoders.target import MomentumTarget, cosine_momentum
-from kontrast.losses import Queue
-from kontrast.train.optim import (LARS, clip_per_parameter, create_optimizer, lr_schedule, param_groups,
-                                  weight_decay_schedule)
-from kontrast.train.step import train_step
 from kontrast.config import OptimConfig
+from kontrast.encoders.target import MomentumTarget, cosine_momentum
 from kontrast.errors import UserError
+from kontrast.losses import Queue
+from kontrast.train.optim import (
+    LARS,
+    clip_per_parameter,
+    create_optimizer,
+    lr_schedule,
+    param_groups,
+    weight_decay_schedule,
+)
+from kontrast.train.step import train_step
 
 
 def test_queue_is_fifo_and_wraps():
@@ -170,7 +176,8 @@ def test_weight_decay_schedule_is_the_authors_cosine():
 def test_clipping_is_per_parameter_as_dino_clip_gradients():
     """The authors' clip_gradients: each parameter's gradient scaled by min(clip / (||g|| + 1e-6), 1), on its own."""
     torch.manual_seed(0)
-    params = [torch.zeros(4, requires_grad=True), torch.zeros(3, 3, requires_grad=True), torch.zeros(2, requires_grad=True)]
+    params = [torch.zeros(4, requires_grad=True), torch.zeros(3, 3, requires_grad=True),
+              torch.zeros(2, requires_grad=True)]
     grads = [torch.full((4,), 5.0), 0.01 * torch.randn(3, 3), torch.tensor([30.0, -40.0])]
     for p, g in zip(params, grads):
         p.grad = g.clone()
@@ -184,20 +191,23 @@ def test_clipping_is_per_parameter_as_dino_clip_gradients():
 def test_train_step_sets_the_scheduled_weight_decay_and_clips():
     """A run with weight_decay_end and clip_grad: each step's decayed groups carry that step's weight decay (norms
     and biases keep 0), and the gradient the optimizer sees is clipped per parameter."""
-    from kontrast.train.plan import build_run, plan_run
-    from kontrast.methods.build import resolve
     from kontrast.augment import key_tensor
     from kontrast.methods.base import Progress
+    from kontrast.methods.build import resolve
+    from kontrast.train.plan import build_run, plan_run
 
     cfg = resolve({"method": {"name": "simclr", "proj_hidden": 16, "proj_dim": 8}, "encoder": {"width": 0.125},
-                   "data": {"source": "shapes:16", "size": 16}, "train": {"batch_size": 8, "epochs": 2, "precision": "fp32"},
+                   "data": {"source": "shapes:16", "size": 16},
+                   "train": {"batch_size": 8, "epochs": 2, "precision": "fp32"},
                    "optim": {"name": "adamw", "weight_decay": 0.04, "weight_decay_end": 0.4, "clip_grad": 1e-3}})
     ctx, schedule, _ = build_run(plan_run(cfg))
     seen = []
-    ctx.optimizer.step = lambda: seen.append(([g["weight_decay"] for g in ctx.optimizer.param_groups],
-                                              max(float(p.grad.norm()) for p in ctx.guard.params if p.grad is not None)))
+    ctx.optimizer.step = lambda: seen.append((
+        [g["weight_decay"] for g in ctx.optimizer.param_groups],
+        max(float(p.grad.norm()) for p in ctx.guard.params if p.grad is not None)))
     for step in range(schedule.total_steps):
-        progress = Progress(step=step, epoch=0, total_steps=schedule.total_steps, steps_per_epoch=schedule.steps_per_epoch)
+        progress = Progress(step=step, epoch=0, total_steps=schedule.total_steps,
+                            steps_per_epoch=schedule.steps_per_epoch)
         train_step(ctx, torch.arange(8), key_tensor(0), progress)
     assert len(seen) == schedule.total_steps == 4
     for step, (wds, largest) in enumerate(seen):
