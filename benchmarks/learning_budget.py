@@ -29,10 +29,12 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from learning.test_learning import GAIN, VIT_BUDGET, run_learning  # noqa: E402
+from kontrast.config import merge, parse_override  # noqa: E402
+from learning.test_learning import GAIN, TEST_DEFAULTS, VIT_BUDGET, run_learning  # noqa: E402
 
 # the learning test's MoCo v3 on a small ViT (test_learning_on_a_vit), by a name of its own
 EXTRA_BUDGETS = {"moco_v3_vit": ("moco_v3", VIT_BUDGET)}
+BUDGETS = yaml.safe_load((ROOT / "configs/short_budget.yaml").read_text())
 
 
 def _budget(run: dict) -> tuple:
@@ -40,18 +42,28 @@ def _budget(run: dict) -> tuple:
     return run["epochs"], run["limit"], run["size"], tuple(run.get("set", ()))
 
 
+def current_budget(method: str) -> tuple:
+    """The budget the learning test runs now for ``method`` (its configs/short_budget.yaml entry's ``test:``)."""
+    entry = EXTRA_BUDGETS[method][1] if method in EXTRA_BUDGETS else BUDGETS[method]
+    test = {**TEST_DEFAULTS, **entry.get("test", {})}
+    return test["epochs"], test["limit"], test["size"], ()
+
+
 def report(files: list[str]) -> str:
-    """The table of docs/lab/learning-tests.md: per method (its latest budget in the files), the gain of the trained
-    over the untrained encoder's kNN for every seed under every kernel set, their spread, the worst gain in units of
-    the spread, and the worst gain's margin over the test's line (GAIN)."""
+    """The table of docs/lab/learning-tests.md: per method (the runs at the budget its test runs now), the gain of
+    the trained over the untrained encoder's kNN for every seed under every kernel set, their spread, the worst gain
+    in units of the spread, and the worst gain's margin over the test's line (GAIN)."""
     runs = [{"kernels": label, **json.loads(line)} for label, path in (f.split("=", 1) for f in files)
             for line in Path(path).read_text().splitlines() if line.strip()]
     out = ["| method | budget (epochs x images) | gains (kNN trained - untrained), seed 0/1/2 per kernel set | spread "
            f"| worst gain | worst / spread | worst - line ({GAIN}) |", "|---|---|---|---|---|---|---|"]
     for method in dict.fromkeys(r["method"] for r in runs):
-        mine = [r for r in runs if r["method"] == method]
-        budget = _budget(mine[-1])  # the latest budget tried: its runs only
-        mine = [r for r in mine if _budget(r) == budget]
+        budget = current_budget(method)
+        mine = [r for r in runs if r["method"] == method and _budget(r) == budget]
+        if not mine:
+            out.append(f"| {method} | {budget[0]} x {budget[1]} at {budget[2]} px | not measured at this budget "
+                       "| | | | |")
+            continue
         epochs = f"{budget[0]} x {budget[1]} at {budget[2]} px" + (" " + " ".join(budget[3]) if budget[3] else "")
         by_kernels = {}
         for r in mine:
@@ -83,20 +95,17 @@ def main() -> None:
                    help="override one setting of the entry (e.g. method.temperature=0.2); repeatable")
     p.add_argument("--out", help="append one JSON line per run to this file")
     args = p.parse_args()
-    budgets = yaml.safe_load((ROOT / "configs/short_budget.yaml").read_text())
     for entry in args.methods.split(","):
-        name, base = EXTRA_BUDGETS.get(entry, (entry, budgets.get(entry)))
+        name, base = EXTRA_BUDGETS.get(entry, (entry, BUDGETS.get(entry)))
         if base is None:
-            p.error(f"no short budget for {entry!r}: one of {', '.join([*budgets, *EXTRA_BUDGETS])}")
+            p.error(f"no short budget for {entry!r}: one of {', '.join([*BUDGETS, *EXTRA_BUDGETS])}")
         for seed in map(int, args.seeds.split(",")):
             budget = json.loads(json.dumps(base))
             test = budget.setdefault("test", {})
             test.update({k: v for k, v in (("epochs", args.epochs), ("limit", args.limit),
                                            ("precision", args.precision), ("size", args.size)) if v is not None})
-            for item in args.set:
-                key, value = item.split("=", 1)
-                section, field = key.split(".", 1)
-                budget.setdefault(section, {})[field] = yaml.safe_load(value)
+            for item in args.set:  # the CLI's --set parsing (YAML, "1e-4" a float)
+                budget = merge(budget, parse_override(item))
             with tempfile.TemporaryDirectory() as tmp:
                 start = time.perf_counter()
                 result = run_learning(name, budget, Path(tmp), Path(args.data), seed=seed)
