@@ -164,8 +164,8 @@ def peer(a, seed: int) -> dict:
 
 def steady_rate(progress: str, last: dict) -> float:
     """The peer's steps per second once its loader runs: from its first progress line ("step N/... train_s T", every
-    50 steps) to its last; the whole pilot's rate where there are fewer than two (it counts the loader's start-up:
-    in the first sitting 1.11 steps/s against a steady 1.30, and the schedule ended 5 minutes early)."""
+    50 steps) to its last; the whole pilot's rate where there are fewer than two (it counts the loader's start-up,
+    which under-measures the pace and ends the schedule early: docs/lab/time-to-accuracy.md, "The first sittings")."""
     marks = [(int(line.split()[1].split("/")[0]), float(line.split("train_s")[1])) for line in progress.splitlines()
              if line.startswith("step ") and "train_s" in line]
     if len(marks) < 2:

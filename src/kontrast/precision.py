@@ -3,14 +3,11 @@
 ``train.precision`` is ``fp32`` (no autocast), ``bf16`` (``torch.autocast`` with bfloat16:
 matmuls and convolutions in bf16, reductions and losses as autocast's op lists decide) or ``auto``
 (the default): bf16 only where the device computes it natively -- a CUDA GPU with bf16, a CPU with
-AMX or AVX512-BF16 -- and fp32 elsewhere, because on a CPU without them bf16 autocast was measured
-slower than fp32 (SimCLR, ResNet-18 width 0.5, batch 384: 34 against 40 images/s).
-``train.channels_last: auto`` is on for every CPU (oneDNN's convolutions run in NHWC: on that CPU,
-ResNet-18 forward + backward in fp32 ran 1.0-1.3x faster per view, 1.1-1.7x as one 2B batch, widths 1 to
-0.25, docs/lab/performance.md section 10) and, elsewhere, where bf16 is
-native (it was measured faster together with bf16 there) -- except for an encoder with a layer that
-oneDNN's NHWC backward corrupts (:func:`channels_last_hazard`): there ``auto`` stays in NCHW and ``true``
-is a one-line error.
+AMX or AVX512-BF16 -- and fp32 elsewhere, because on a CPU without them bf16 autocast is slower than fp32.
+``train.channels_last: auto`` is on for every CPU (oneDNN's convolutions run in NHWC, measured faster in fp32 too)
+and, elsewhere, where bf16 is native (faster together with bf16 there) -- except for an encoder with a layer
+that oneDNN's NHWC backward corrupts (:func:`channels_last_hazard`): there ``auto`` stays in NCHW and ``true``
+is a one-line error. Measurements: docs/lab/performance.md, sections 6 and 10.
 :func:`choose_precision` resolves both once per run; the run's config keeps the choice.
 Training, evaluation and the benchmarks all enter :func:`autocast`; code that must stay in
 float32 under it (score matrices with a small temperature, SwAV's Sinkhorn, blocked NT-Xent)

@@ -52,9 +52,9 @@ def default_epochs(fraction: float) -> int:
 def finetune_view(size: int, mean, std) -> ViewSpec:
     """The fine-tuning augmentation: crops and flips only. SimCLR's Inception crop (8-100 % of the area) at
     ImageNet scale; on small images (64 px or less, CIFAR) the small-image convention instead, a shift by up to
-    an eighth of the side (4 px at 32, reflect-padded) and a flip: resized crops of 8 % of a 32-px image
-    leave a 9-px patch; on 16-px shapes (300 labelled, 15 epochs, width 1/8, seeds 0/1/2) they reached
-    0.41/0.22/0.32 test top-1 against 0.50/0.37/0.52 with shifts."""
+    an eighth of the side (4 px at 32, reflect-padded) and a flip: a resized crop of 8 % of a 32-px image
+    leaves a 9-px patch, and shifts fine-tuned better on each of three seeds (measurements: docs/lab/evaluation.md,
+    "Fine-tuning views on small images")."""
     if size > 64:
         return ViewSpec(size=size, jitter_p=0.0, gray_p=0.0, mean=tuple(mean), std=tuple(std))
     return ViewSpec(size=size, crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), translate=size // 8, translate_p=1.0,

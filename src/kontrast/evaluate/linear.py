@@ -6,28 +6,18 @@ features is trained, and its test top-1 measures how linearly separable the clas
 
 Solver: full-batch L-BFGS on the L2-regularised cross-entropy (multinomial logistic
 regression, as in CLIP's linear probes, https://arxiv.org/abs/2103.00020), chosen over
-mini-batch Adam/SGD with a cosine schedule by measurement (2 CPU threads, 50k train / 10k
-test, features standardised, accuracies on the test split):
-
-    features                        L-BFGS 100 it, wd 1e-2/5e-3/3e-3    Adam 30 ep, bs 1024, cos
-    synthetic 512-d, 10 classes     0.851 / 0.849 / 0.849, 2-5 s        0.848, 2-5 s
-    CIFAR-10 raw pixels, 3072-d     0.409 / 0.406 / 0.405, 17-35 s      0.409 (20 ep), 7-13 s
-    random-init ResNet-18/4, 128-d  0.328 / 0.332 / 0.332, 1-4 s        0.326, 1-2 s
-
-The accuracies tie (within 0.6 points) and both take seconds at 512-d, so the choice
-rests on what else differs. The objective is convex and the full-batch solve heads for
-its regularised optimum (at wd 5e-3 it converged after 109 iterations on the random-init
-features; the 100-iteration default was within 0.1 point), which depends on the data
-and ``weight_decay`` alone -- not on a learning rate, a batch size, a schedule length or
-a shuffling seed. The number is then a property of the features, reproducible bit for
-bit, and comparable across runs and methods.
+mini-batch Adam/SGD with a cosine schedule: on three feature sets their accuracies tie and
+both take seconds at 512-d (measurements: docs/lab/evaluation.md, "Linear probe solver"),
+so the choice rests on what else differs. The objective is convex and the full-batch solve
+heads for its regularised optimum, which depends on the data and ``weight_decay`` alone --
+not on a learning rate, a batch size, a schedule length or a shuffling seed. The number is
+then a property of the features, reproducible bit for bit, and comparable across runs and methods.
 
 Its one hyperparameter, ``weight_decay``, is never chosen on the test split: by default
 (:func:`choose_weight_decay`) each of :data:`WEIGHT_DECAYS` is fitted on 90 % of the training
 features and scored on the other 10 % (class-balanced, a fixed seed), and the best is refitted on
 the whole training split; only then is the test split scored, once. Mini-batch training stops somewhere on an
-optimisation path whose end point moves with each of those knobs (Adam's test accuracy
-on the random-init features ranged 0.320-0.332 over reasonable settings). Mini-batch
+optimisation path whose end point moves with each of those knobs. Mini-batch
 wins only where the features no longer fit in one matrix product (ImageNet-scale), which
 is not this library's CPU setting.
 """
@@ -99,7 +89,7 @@ def top1(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     return ((x @ weight + bias).argmax(dim=1) == y).float().mean().item()  # [N, C] -> [N]
 
 
-# the probe's candidates: the module doc's measured range, widened both ways
+# the probe's candidates: the solver comparison's range (3e-3 to 1e-2, docs/lab/evaluation.md), widened both ways
 WEIGHT_DECAYS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2)
 VALIDATION_FRACTION = 0.1  # of the training labels, held out to choose the weight decay
 FALLBACK_WEIGHT_DECAY = 5e-3  # where no sample can be held out (one per class)
@@ -152,8 +142,8 @@ def linear_probe(
 
     Features (``[N, D]``, ``[M, D]``) are standardised with the train statistics, then a
     multinomial logistic regression is solved by full-batch L-BFGS (see the module doc
-    for why not mini-batch SGD/Adam). About 3-5 s for 50k × 512 features, 10 classes,
-    on 2 CPU threads.
+    for why not mini-batch SGD/Adam). Seconds for 50k × 512 features on 2 CPU threads
+    (docs/lab/evaluation.md).
 
     Args:
         epochs: L-BFGS iteration cap (≈ full passes over the train features).

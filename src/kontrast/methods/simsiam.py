@@ -10,10 +10,9 @@ its own BN statistics; measured here, one concatenated batch (shared statistics)
 with stop-gradient drift towards collapse (std of normalised z 0.067 against 0.12 per view at d=64).
 CIFAR defaults (paper, appendix D): 2-layer projector, output 2048, SGD lr 0.03 per 256 images,
 weight decay 5e-4; as in the authors' code, the ResNet's residual blocks start as the identity
-(``encoder.zero_init_residual``) and the predictor's lr is not decayed (``fix_pred_lr``). Measured
-on the short learning run (4000 images, 124 steps, seeds 0/1): without the zero-initialised blocks
-kNN falls below the untrained encoder (0.2385 -> 0.193 on seed 1); with them it rises (0.2395 ->
-0.2825, 0.2405 -> 0.281). ``stop_gradient = False`` is the paper's ablation (figure 2): the outputs
+(``encoder.zero_init_residual``) and the predictor's lr is not decayed (``fix_pred_lr``): without the
+zero-initialised blocks a short run's kNN fell below the untrained encoder's (measurements: docs/methods.md,
+"SimSiam in a short run"). ``stop_gradient = False`` is the paper's ablation (figure 2): the outputs
 collapse to a constant, which ``embedding_std`` (their collapse monitor) shows falling to 0.
 """
 

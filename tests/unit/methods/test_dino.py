@@ -160,9 +160,8 @@ def test_without_centring_one_prototype_dominates():
     when the batch uses every prototype, 0 when all use one) and the most-used prototype's share
     (``teacher_top_share``), not in the per-sample ``teacher_entropy`` alone (also near 0 for healthy, confident
     targets) nor in ``embedding_std`` (it stays well above train.collapse_std = 0.01 while one prototype takes
-    ~80 % of the batch): the collapse monitor warns on the top share (train.collapse_share). Measured (seed 0,
-    120 steps): without centring top share 0.13 -> 0.79, batch entropy 2.9 -> 0.66, embedding_std 0.07; with
-    centring top share 0.09, batch entropy 3.35 (log 32 = 3.47). About 5 s for both runs on one core."""
+    ~80 % of the batch): the collapse monitor warns on the top share (train.collapse_share). Measurements:
+    docs/lab/method-tests.md, "DINO"."""
     log_k = math.log(32)
     centred, ablated = _distil_gaussians(0.9), _distil_gaussians(1.0)
     last = lambda rows, key: sum(r[key] for r in rows[-10:]) / 10  # noqa: E731

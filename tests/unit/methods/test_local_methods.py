@@ -346,8 +346,8 @@ def test_cpc_trains_and_evaluates_through_the_loop(tmp_path):
 def test_cpc_learns_on_sequences(tmp_path):
     """Loss falls and kNN top-1 of the pooled context beats chance (0.1) and the untrained network.
 
-    Smaller than the paper (K = 6, 128-unit GRU, 64 channels) and Adam at 2e-3, for a 186-step budget:
-    measured kNN 0.53 untrained -> 0.71, 27 s of CPU time on one thread.
+    Smaller than the paper (K = 6, 128-unit GRU, 64 channels) and Adam at 2e-3, for a 186-step budget
+    (measurements: docs/lab/method-tests.md, "CPC").
     """
     raw = {"method": {"name": "cpc", "steps": 6, "context_dim": 128}, "encoder": {"width": 0.125},
            "data": {"source": "sequences:2000"}, "optim": {"lr": 2e-3},

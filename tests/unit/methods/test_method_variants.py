@@ -381,10 +381,8 @@ def _simsiam_std_trace(stop_gradient: bool, steps: int = 200, dim: int = 64) -> 
 @pytest.mark.slow
 def test_simsiam_collapses_without_stop_gradient():
     """Without stop-gradient the outputs collapse (std of normalised z -> 0); with it the std stays near
-    1/sqrt(d). 200 steps of batch 32 at 16 px, d = 64 (1/sqrt(d) = 0.125); about 20 s on 2 idle cores.
-    Measured on shapes (views through the network separately, as SimSiam's Algorithm 1), last 10 steps:
-    with stop-gradient 0.122, without 0.051 (1 thread, zero-initialised residual blocks, SimSiam's default);
-    before that default, 0.102 (2 threads) / 0.120 (1 thread) and 0.048 / 0.047."""
+    1/sqrt(d). 200 steps of batch 32 at 16 px on shapes, d = 64 (1/sqrt(d) = 0.125), the views through the network
+    separately as SimSiam's Algorithm 1 (measurements: docs/lab/method-tests.md, "SimSiam")."""
     d = 64
     with_sg = _simsiam_std_trace(True, dim=d)
     without = _simsiam_std_trace(False, dim=d)
