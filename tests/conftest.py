@@ -15,13 +15,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # several test processes share the co
 # The suite's longest tests on the 2-core CI machine (their durations in a full `make test`, in seconds), run first so
 # the two test processes end together: pytest-xdist's worksteal hands each process half of the list and lets an idle
 # one take the tail of the other's queue, so a long test left at the end runs alone.
-LONGEST = {"test_learning[infomin]": 210, "test_learning_on_a_vit": 120, "test_learning[dino]": 90,
-           "test_learning[clip]": 60, "test_learning[moco_v2]": 50, "test_learning[moco_v1]": 45,
-           "test_learning[amdim]": 45, "test_learning[cpc_v2]": 40, "test_learning[ibot]": 40,
-           "test_learning[simsiam]": 35, "test_learning[yadim]": 35, "test_learning[instdisc]": 25,
-           "test_learning[byol]": 30, "test_learning[mmcr]": 30, "test_learning[lejepa]": 30,
-           "test_cell_trains_resumes_and_embeds_or_refuses_in_one_line[cpc-large-fp32-2-k1]": 51,
-           "test_cell_trains_resumes_and_embeds_or_refuses_in_one_line[cpc-large-bf16-1-k2]": 38}
+LONGEST = {"test_learning[infomin]": 220, "test_learning_on_a_vit": 92, "test_learning[moco_v2]": 57,
+           "test_learning[dino]": 56, "test_learning[siglip]": 48, "test_learning[cpc_v2]": 48,
+           "test_learning[clip]": 47, "test_learning[moco_v1]": 44, "test_learning[moco_v3]": 37,
+           "test_learning[nnclr]": 35, "test_learning[ibot]": 35, "test_learning[simclr]": 30,
+           "test_learning[amdim]": 29, "test_learning[barlow_twins]": 29, "test_learning[simsiam]": 29,
+           "test_cell_trains_resumes_and_embeds_or_refuses_in_one_line[cpc-large-fp32-2-k1]": 39,
+           "test_cell_trains_resumes_and_embeds_or_refuses_in_one_line[cpc-large-bf16-1-k2]": 26}
 
 
 def pytest_collection_modifyitems(config, items):
