@@ -27,10 +27,9 @@ from kontrast.encoders.batchnorm import grouped_forward, shuffled_forward
 from kontrast.encoders.target import MomentumTarget
 from kontrast.errors import UserError
 from kontrast.extract import mlp
-from kontrast.losses import Queue, info_nce, mi_bound
+from kontrast.losses import Queue, mi_bound, moco_loss
 from kontrast.methods.base import Method, Progress, Ranks, embedding_std
 from kontrast.registry import METHODS
-from kontrast.similarity import moco_scores
 
 
 @dataclass(frozen=True)
@@ -94,7 +93,7 @@ class MoCoV2(Method):
 
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
-        p, b, ranks = self.params, views[0].shape[0], self.ranks
+        p, ranks = self.params, self.ranks
         online, target = self._online(), self.target.net
         groups = p.bn_groups // (ranks.world * self.micro_batches)  # each rank (micro-batch) has bn_groups / W K GPUs
         queries = lambda x: self._grouped(online, x, lambda n, y: grouped_forward(n, y, groups))  # noqa: E731
@@ -102,16 +101,14 @@ class MoCoV2(Method):
         with torch.no_grad():  # keys: random BN groups within view 2 (across ranks on several)
             k2 = self._grouped(target, views[1], lambda n, x: shuffled_forward(n, x, p.bn_groups, ranks))  # [B, D]
         queue = self.queue.items.clone()  # [K, proj_dim] negatives before this step's push
-        positives = torch.zeros(b, dtype=torch.long, device=q1.device)  # [B] column 0: the key of the same image
-        scores = moco_scores(q1, k2, queue, p.temperature)  # [B, 1+K] cos(q1, [k2, queue]) / tau
-        loss = info_nce(scores, positives)
+        # Algorithm 1: scores [B, 1+K] = cos(q1, [k2, queue]) / tau, InfoNCE with the key of the same image in column 0
+        loss = moco_loss(q1, k2, queue, p.temperature)
         keys = ranks.gather(k2)  # [BW, proj_dim] every rank's keys enter the queue (one process: k2)
         if p.symmetric:  # the other direction; the asymmetric loss (MoCo v1) forwards neither q2 nor k1
             q2 = self.in_micro_batches(queries, views[1:2])  # [B, proj_dim]
             with torch.no_grad():
                 k1 = self._grouped(target, views[0], lambda n, x: shuffled_forward(n, x, p.bn_groups, ranks))
-            scores = moco_scores(q2, k1, queue, p.temperature)  # [B, 1+K] cos(q2, [k1, queue]) / tau
-            loss = (loss + info_nce(scores, positives)) / 2
+            loss = (loss + moco_loss(q2, k1, queue, p.temperature)) / 2  # the same for cos(q2, [k1, queue]) / tau
             keys = torch.cat([ranks.gather(k1), keys])  # [2BW, proj_dim]
         n = 1 + queue.shape[0]  # candidates per query: its key and the queue
         return {"loss": loss, "embedding_std": embedding_std(q1), "mi_bound": mi_bound(loss, n),
