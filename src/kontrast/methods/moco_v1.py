@@ -22,14 +22,13 @@ from kontrast.registry import METHODS
 
 @dataclass(frozen=True)
 class MoCoV1Params(MoCoV2Params):
+    """MoCo v2's fields with v1's values where they differ (queue, projection width and BN groups are v2's)."""
+
     temperature: float = checked(0.07, gt=0)  # tau of the scores q.k / tau
-    queue_size: int = checked(4096, ge=1)  # K negatives kept from earlier batches' keys
     momentum: float = checked(0.999, ge=0, le=1)  # the key encoder's EMA momentum
     proj_hidden: int = checked(0, ge=0)  # linear head
-    proj_dim: int = checked(128, ge=1)  # output width of the (linear) projection
     symmetric: bool = False
     proj_bn: bool = False  # no hidden layer, so no BN in the head
-    bn_groups: int = checked(8, ge=1)
 
 
 @METHODS.register("moco_v1")
