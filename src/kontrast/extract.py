@@ -2,7 +2,8 @@
 
 One builder, :func:`mlp`, makes every projection head and predictor:
 SimCLR's 2-layer head, MoCo v2's MLP, BYOL's projector and predictor differ
-only in their dims and where batch-norm sits.
+only in their dims and where batch-norm sits; :func:`predictor` is the one
+predictor shape that BYOL, MoCo v3, NNCLR and SimSiam share.
 """
 
 from __future__ import annotations
@@ -37,6 +38,15 @@ def mlp(dims: Sequence[int], *, norm: bool = True, last_norm: bool = False, bias
     if last_norm:
         layers.append(nn.BatchNorm1d(dims[-1], affine=False))
     return nn.Sequential(*layers)
+
+
+def predictor(dim: int, hidden: int) -> nn.Sequential:
+    """The predictor q of BYOL, MoCo v3, NNCLR and SimSiam: ``mlp(dim, hidden, dim)``, ``[N, dim] -> [N, dim]``.
+
+    ``Linear -> BN -> ReLU -> Linear``, mapping a projection to a prediction of the other view's in the same space
+    (Grill et al. 2020, https://arxiv.org/abs/2006.07733, section 3.1; SimSiam's is a bottleneck, ``hidden`` = dim / 4).
+    """
+    return mlp([dim, hidden, dim])
 
 
 @torch.no_grad()

@@ -9,9 +9,10 @@ from kontrast.checkpoint import latest_checkpoint
 from support import floors
 from support.args import train_command
 from support.cli import cli_run
+from support.sizes import small_heads
 
-VIT = ["encoder.name=vit_tiny", "data.size=32", "encoder.drop_path=0", "method.proj_hidden=64",
-       "method.bottleneck_dim=32", "method.num_prototypes=64", "train.precision=fp32", "train.log_every=1"]
+VIT = ["encoder.name=vit_tiny", "data.size=32", "encoder.drop_path=0", *small_heads("dino"), "train.precision=fp32",
+       "train.log_every=1"]
 
 
 def test_a_vit_in_micro_batches_trains_as_on_the_plain_batch(tmp_path):

@@ -23,9 +23,10 @@ from kontrast.cli import main
 from kontrast.config import merge, parse_override
 from kontrast.methods import METHODS
 from kontrast.methods.build import create_method, resolve, smallest_size
-from support.args import HANG_LIMIT, small_heads
+from support.args import HANG_LIMIT
 from support.cli import cli_run
 from support.covering import all_pairs, covering_array, pairs_of
+from support.sizes import small_heads
 
 DEVICE = os.environ.get("KONTRAST_TEST_DEVICE", "cpu")  # benchmarks/gpu.sh runs the same cells with cuda
 IMAGE_METHODS = [name for name in METHODS.names() if METHODS.get(name).recipe is not None]

@@ -18,38 +18,13 @@ from kontrast.methods import METHODS
 from support import ROOT, floors
 from support.args import HANG_LIMIT
 from support.cli import cli_run
+from support.sizes import rank_settings
 
 DISTRIBUTED = [name for name in METHODS.names() if METHODS.get(name).distributed]
 # Every comparison of runs here is within a floor measured beside it (tests/support/floors.py): the same run with its
 # weights nudged one ulp. The methods keep their own learning rates; what each setting below changes is said beside it,
 # and docs/lab/tolerances.md has the measured differences and floors.
-# Small heads where a method's are wide (time); the same on both sides of every comparison.
-SMALL = {"byol": ["method.proj_hidden=64", "method.pred_hidden=64"],
-         "moco_v3": ["method.proj_hidden=64", "method.pred_hidden=64"],
-         "simsiam": ["method.proj_hidden=64", "method.proj_dim=64", "method.pred_hidden=32"],
-         # 4 BN groups per view: 2 on each of 2 ranks, shuffled across ranks for the keys; global batch 24 (below)
-         **{name: ["method.bn_groups=4", "method.queue_size=48"] for name in ("moco_v1", "moco_v2")},
-         # InfoMin: 2 groups per view, one per rank, still shuffled across ranks
-         "infomin": ["method.bn_groups=2", "method.queue_size=48"],
-         # SwAV with its queue in the transport from step 3 (two steps of 12 keys fill 24)
-         "swav": ["method.proj_hidden=64", "method.num_prototypes=30", "method.queue_size=24",
-                  "method.queue_start_epochs=0", "method.freeze_prototypes_epochs=0"],
-         # NNCLR with a support queue of 24: two steps of 12 fill it, so step 3 looks up real embeddings
-         "nnclr": ["method.queue_size=24", "method.proj_hidden=64", "method.pred_hidden=64"],
-         # DINO: multi-crop (2 x 16 px + 4 x 8 px; the centre takes both ranks' teacher outputs), the last layer
-         # trained from step 1 (the run is one epoch)
-         "dino": ["method.proj_hidden=64", "method.bottleneck_dim=32", "method.num_prototypes=64",
-                  "method.freeze_last_layer_epochs=0"],
-         # iBOT on a 2-block ViT (16-px images: 4x4 tokens, local crops 2x2), no stochastic depth (its draws are per
-         # process, so W processes draw other ones than one process: the same holds for DINO and MoCo v3 on a ViT)
-         "ibot": ["encoder.name=vit_tiny", "encoder.depth=2", "encoder.drop_path=0", "method.proj_hidden=64",
-                  "method.bottleneck_dim=32", "method.num_prototypes=64", "method.freeze_last_layer_epochs=0"],
-         # CPC v2: 8-px patches (the CIFAR stem's smallest input) at stride 2 (a 5 x 5 grid of 16-px images); pools
-         # of 2 images, which divide 6 and 12
-         "cpc_v2": ["method.patch_size=8", "method.patch_stride=2", "method.negative_pool=2"],
-         "cpc": ["method.context_dim=32", "method.steps=3", "method.negative_pool=3"],
-         # AMDIM and YADIM on the ResNet-18 maps (the amdim encoder needs 32-px images; the cross-rank code is the same)
-         **{name: ["method.n_rkhs=32", "encoder.name=resnet18"] for name in ("amdim", "yadim")}}
+# Small heads where a method's are wide (time), the same on both sides of every comparison: support/sizes.py (`ranks`).
 # Shuffling BN needs groups of 6 samples here: in groups of 3 (16-px images: 2 x 2 maps in the last stage, so 12
 # values per channel) BN amplifies rounding.
 BATCH = {"moco_v1": 24, "moco_v2": 24}
@@ -80,7 +55,7 @@ def _args(out: Path, name: str, *extra: str, batch: int = 12) -> list[str]:
     args = ["--method", name, "--data", DATA.get(name, "shapes:48"), "--epochs", "1", "--batch-size", str(batch),
             "--out", str(out), "--no-progress"]
     for item in ["data.size=16", f"data.limit={STEPS.get(name, 3) * batch}", "encoder.width=0.0625",
-                 "train.log_every=1", "train.num_threads=1", LAYOUT, PRECISION, HANG_LIMIT, *SMALL.get(name, []),
+                 "train.log_every=1", "train.num_threads=1", LAYOUT, PRECISION, HANG_LIMIT, *rank_settings(name),
                  *extra]:
         args += ["--set", item]
     return args

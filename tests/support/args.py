@@ -1,8 +1,7 @@
-"""Argument lists shared by the tests: the tiny settings every CLI run starts from, and small heads.
+"""Argument lists shared by the tests: the tiny settings every CLI run starts from.
 
-Tiny: ResNet-18 at an eighth of its width on 16-px images, no progress bar. Small heads: the projection
-heads, predictors, prototypes and queues of each method cut to sizes that change nothing the tests check
-(the code path is the same) and cost a fraction of the paper's at CPU scale.
+Tiny: ResNet-18 at an eighth of its width on 16-px images, no progress bar. Each method's small heads, predictors,
+prototypes and queues: support/sizes.py.
 """
 
 from __future__ import annotations
@@ -24,28 +23,6 @@ ONE_CPU_THREAD = ["train.num_threads=1", "train.device=cpu"]
 # with each waiting rank's line in stderr (the longest wait of a healthy test run, rank 0 writing a checkpoint under
 # CI's load, is seconds)
 HANG_LIMIT = "train.collective_timeout=120"  # runs whose numbers a test compares bit for bit
-
-HEADS: dict[str, list[str]] = {
-    "barlow_twins": ["method.proj_hidden=128", "method.proj_dim=128"],
-    "vicreg": ["method.proj_hidden=128", "method.proj_dim=128"],
-    "byol": ["method.proj_hidden=64", "method.pred_hidden=64"],
-    "moco_v2": ["method.proj_hidden=64"],
-    "moco_v3": ["method.proj_hidden=64", "method.pred_hidden=64"],
-    "simsiam": ["method.proj_hidden=64", "method.proj_dim=64", "method.pred_hidden=32"],
-    "nnclr": ["method.queue_size=2048", "method.proj_hidden=64", "method.pred_hidden=64"],
-    "swav": ["method.proj_hidden=64", "method.num_prototypes=30"],
-    "dino": ["method.proj_hidden=64", "method.bottleneck_dim=32", "method.num_prototypes=64"],
-    "amdim": ["method.n_rkhs=32"],
-    "yadim": ["method.n_rkhs=32"],
-    "mmcr": ["method.proj_hidden=64", "method.proj_dim=16"],
-    "lejepa": ["method.proj_hidden=64", "method.directions=64"],
-    "ibot": ["method.proj_hidden=64", "method.bottleneck_dim=32", "method.num_prototypes=64"],
-}
-
-
-def small_heads(method: str) -> list[str]:
-    """``--set`` items that shrink ``method``'s heads (none for a method whose heads are small already)."""
-    return list(HEADS.get(method, []))
 
 
 def sets(items: list[str]) -> list[str]:

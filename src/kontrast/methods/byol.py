@@ -23,7 +23,7 @@ import torch.nn as nn
 
 from kontrast.config import checked
 from kontrast.encoders.target import MomentumTarget, cosine_momentum
-from kontrast.extract import mlp
+from kontrast.extract import mlp, predictor
 from kontrast.methods.base import Method, Progress, Ranks, embedding_std
 from kontrast.registry import METHODS
 from kontrast.similarity import paired_cosine
@@ -46,7 +46,7 @@ class BYOL(Method):
     def __init__(self, encoder, params: BYOLParams, num_samples: int = 0, ranks: Ranks = Ranks()):
         super().__init__(encoder, params, num_samples, ranks)
         self.projector = mlp([encoder.dim, params.proj_hidden, params.proj_dim])
-        self.predictor = mlp([params.proj_dim, params.pred_hidden, params.proj_dim])
+        self.predictor = predictor(params.proj_dim, params.pred_hidden)
         self.target = MomentumTarget(self._online())
 
     def _online(self) -> nn.Module:

@@ -40,8 +40,43 @@ class CLIPParams:
     caption_seed: int = 0  # template choice when captions are made from labels
 
 
+def text_transformer(params) -> TextTransformer:
+    """The caption tower: a causal byte-level transformer of ``params``' ``context_length``, ``text_width``,
+    ``text_layers`` and ``text_heads`` (kontrast.encoders.text), ``[N, L]`` tokens -> ``[N, text_width]``."""
+    return TextTransformer(params.context_length, params.text_width, params.text_layers, params.text_heads)
+
+
+class ImageTextPairs(Method):
+    """CLIP's set-up, which SigLIP shares: images and the tokens of their captions, each through its tower.
+
+    The captions' tokens, ``tokens [N, L]``, are bound once from the training set (``bind_data``) and kept out of
+    checkpoints (data, not state); :meth:`captions` looks up a batch's. A subclass builds ``image_projection``,
+    ``text`` (:func:`text_transformer`) and ``text_projection`` in its own order (their initial weights follow it).
+    """
+
+    def __init__(self, encoder, params, num_samples: int = 0, ranks: Ranks = Ranks()):
+        super().__init__(encoder, params, num_samples, ranks)
+        self.register_buffer("tokens", torch.zeros(0, params.context_length, dtype=torch.long), persistent=False)
+
+    def tokenize(self, texts: list[str]) -> torch.Tensor:
+        return tokenize(texts, self.params.context_length).to(self.image_projection.weight.device)  # [N, L]
+
+    def captions(self, indices: torch.Tensor | None) -> torch.Tensor:
+        """``[B, L]`` the tokens of the captions of the batch's images (``indices``: their rows in the training set)."""
+        if indices is None or len(self.tokens) == 0:
+            raise UserError(f"{type(self).__name__.lower()} trains on image-caption pairs: call bind_data(training "
+                            "set) and pass the batch's indices")
+        return self.tokens[indices]
+
+    def encode_image(self, x: torch.Tensor) -> torch.Tensor:
+        return self.image_projection(self.encoder(x))  # [B, embed_dim]
+
+    def encode_text(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.text_projection(self.text(tokens))  # [B, embed_dim]
+
+
 @METHODS.register("clip")
-class CLIP(Method):
+class CLIP(ImageTextPairs):
     description = "CLIP: image and text encoders, symmetric InfoNCE over pairs (Radford et al. 2021)"
     recipe = "clip"
     Params = CLIPParams
@@ -50,34 +85,22 @@ class CLIP(Method):
                           "warmup_epochs": 1.0}}
 
     def __init__(self, encoder, params: CLIPParams, num_samples: int = 0, ranks: Ranks = Ranks()):
-        super().__init__(encoder, params, num_samples, ranks)
-        self.text = TextTransformer(params.context_length, params.text_width, params.text_layers, params.text_heads)
+        super().__init__(encoder, params, num_samples, ranks)  # the captions' tokens
+        self.text = text_transformer(params)
         self.image_projection = nn.Linear(encoder.dim, params.embed_dim, bias=False)
         self.text_projection = nn.Linear(params.text_width, params.embed_dim, bias=False)
         self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / params.init_temperature)))
-        self.register_buffer("tokens", torch.zeros(0, params.context_length, dtype=torch.long), persistent=False)
 
     def bind_data(self, data) -> str:
         captions, note = captions_for(data, self.params.caption_seed)
         self.tokens = self.tokenize(captions)
         return f"clip: {note}"
 
-    def tokenize(self, texts: list[str]) -> torch.Tensor:
-        return tokenize(texts, self.params.context_length).to(self.logit_scale.device)  # [N, L]
-
-    def encode_image(self, x: torch.Tensor) -> torch.Tensor:
-        return self.image_projection(self.encoder(x))  # [B, embed_dim]
-
-    def encode_text(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.text_projection(self.text(tokens))  # [B, embed_dim]
-
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
-        if indices is None or len(self.tokens) == 0:
-            raise UserError("clip trains on image-caption pairs: call bind_data(training set) and pass the batch's "
-                            "indices")
+        tokens = self.captions(indices)  # [B, L] the images' captions
         img = self.in_micro_batches(self.encode_image, views[:1])  # [B, embed_dim], per sample (base.py)
-        txt = self.in_micro_batches(self.encode_text, [self.tokens[indices]])  # [B, embed_dim]
+        txt = self.in_micro_batches(self.encode_text, [tokens])  # [B, embed_dim]
         scale = self.logit_scale.exp()
         if self.ranks.world == 1:
             scores = cosine(img, txt) * scale  # [B, B] image i vs caption j

@@ -5,9 +5,10 @@ https://arxiv.org/abs/2111.07832; Oquab et al. 2023, https://arxiv.org/abs/2304.
 Views: DINO's multi-crop (2 global crops + local ones). Half of the global crops get a block mask on the patch grid
 (``encoders/masking.py``, ratios 0.1-0.5): the student sees their masked patches as a learned mask token. One head
 (iBOT's shared head: the DINO head's MLP, bottleneck and K prototypes) maps class tokens and patch tokens to K logits.
-The teacher (EMA of student encoder and head, cosine momentum -> 1) sees the global crops unmasked. Its targets are
-Sinkhorn-Knopp codes of its logits / tau_t (3 iterations, over the global batch; DINOv2's centring, in place of
-DINO's running centre): for the class tokens of the 2 global crops, and for the masked patch tokens. Then
+The teacher (EMA of student encoder and head, cosine momentum -> 1: the set-up DINO shares, ``self_distillation.py``)
+sees the global crops unmasked. Its targets are Sinkhorn-Knopp codes of its logits / tau_t (3 iterations, over the
+global batch; DINOv2's centring, in place of DINO's running centre): for the class tokens of the 2 global crops, and
+for the masked patch tokens. Then
 
     L = mean_{a, v != a} H(Q_cls[a], P_s(cls[v]))                     DINO's class-token loss, every crop
       + ibot_weight  * 1/2B sum_images mean_{masked patches} H(Q_patch, P_s(patch))   the masked-patch loss
@@ -22,8 +23,7 @@ and masking (half the global crops, ratios 0.1-0.5); K = 4096 prototypes at CIFA
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Literal
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -32,34 +32,23 @@ from kontrast.augment import view_count
 from kontrast.config import checked
 from kontrast.encoders.masking import batch_masks
 from kontrast.encoders.multicrop import encode_views
-from kontrast.encoders.target import MomentumTarget, cosine_momentum
 from kontrast.errors import UserError
-from kontrast.extract import DINOHead
-from kontrast.losses import target_statistics, teacher_temperature
+from kontrast.losses import target_statistics
 from kontrast.losses.distillation import masked_patch_loss
 from kontrast.losses.koleo import koleo
 from kontrast.losses.swav import sinkhorn, swapped_prediction
-from kontrast.methods.base import Method, Progress, Ranks, embedding_std, step_generator
-from kontrast.methods.dino import momentum_lines, teacher_momentum
+from kontrast.methods.base import Progress, Ranks, embedding_std, step_generator
+from kontrast.methods.self_distillation import SelfDistillation, SelfDistillationParams
 from kontrast.precision import float32
 from kontrast.registry import METHODS
 
 
 @dataclass(frozen=True)
-class IBOTParams:
-    proj_hidden: int = checked(2048, ge=1)  # hidden width of the shared head's MLP
-    bottleneck_dim: int = checked(256, ge=1)  # width of the L2-normalised bottleneck before the prototypes
-    num_prototypes: int = checked(4096, ge=1)  # K, shared by class and patch tokens (iBOT ViT-S: 8192)
-    student_temp: float = checked(0.1, gt=0)  # tau_s
-    teacher_temp: float = checked(0.07, gt=0)  # tau_t after its warm-up (the Sinkhorn codes' epsilon)
-    warmup_teacher_temp: float = checked(0.04, gt=0)  # tau_t at the start of its linear warm-up
-    warmup_teacher_temp_epochs: float = checked(30.0, ge=0)  # epochs of tau_t's warm-up
-    sinkhorn_iterations: int = checked(3, ge=1)  # Sinkhorn-Knopp iterations of the teacher's codes (DINOv2: 3)
-    base_momentum: float | Literal["auto"] = checked("auto", ge=0, le=1)  # the teacher's EMA momentum at the start
-                                                                          # (cosine to 1);
-                                                                          # auto: DINO's advice for the batch
-    freeze_last_layer_epochs: float = checked(1.0, ge=0)  # epochs during which the prototypes get no gradient
+class IBOTParams(SelfDistillationParams):
+    """DINO's student head and teacher schedules (``SelfDistillationParams``), and iBOT's codes, losses and masks."""
+
     norm_last_layer: bool = False  # the prototypes' gain fixed at 1 (false: learned, the ViT-S choice)
+    sinkhorn_iterations: int = checked(3, ge=1)  # Sinkhorn-Knopp iterations of the teacher's codes (DINOv2: 3)
     ibot_weight: float = checked(1.0, ge=0)  # the masked-patch loss's weight (0: DINO with KoLeo and Sinkhorn)
     koleo_weight: float = checked(0.1, ge=0)  # KoLeo's weight (DINOv2: 0.1; 0: off)
     mask_probability: float = checked(0.5, ge=0, le=1)  # share of the global crops that are masked
@@ -73,17 +62,9 @@ class IBOTParams:
             raise UserError(f"method.mask_ratio_min ({self.mask_ratio_min}) is above method.mask_ratio_max "
                             f"({self.mask_ratio_max}); swap them")
 
-    def lines(self, cfg) -> list[str]:
-        return momentum_lines(self.base_momentum, cfg.train.batch_size)
-
-    def resolved(self, cfg) -> IBOTParams:
-        """``base_momentum: auto`` decided from the global batch (:func:`kontrast.methods.dino.teacher_momentum`)."""
-        return (self if self.base_momentum != "auto"
-                else replace(self, base_momentum=teacher_momentum(cfg.train.batch_size)))
-
 
 @METHODS.register("ibot")
-class IBOT(Method):
+class IBOT(SelfDistillation):
     description = ("iBOT + KoLeo (DINOv2's recipe): class- and masked patch-token self-distillation on a ViT "
                    "(Zhou et al. 2022)")
     recipe = "dino_multicrop"
@@ -95,12 +76,8 @@ class IBOT(Method):
                 "encoder": {"name": "vit_small", "drop_path": 0.1}}
 
     def __init__(self, encoder, params: IBOTParams, num_samples: int = 0, ranks: Ranks = Ranks()):
-        super().__init__(encoder, params, num_samples, ranks)
-        p = params
-        self.head = DINOHead(encoder.dim, p.proj_hidden, p.bottleneck_dim, p.num_prototypes,
-                             norm_last_layer=p.norm_last_layer)
+        super().__init__(encoder, params, num_samples, ranks)  # the student's head and the teacher
         self.mask_token = nn.Parameter(torch.zeros(encoder.dim))  # [D] what a masked patch shows the student
-        self.target = MomentumTarget(nn.Sequential(self.encoder, self.head))  # the teacher
 
     def _masks(self, b: int, grid: tuple[int, int]) -> torch.Tensor:
         """``[2, b, h·w]`` this rank's rows of the global batch's masks, drawn alike on every rank from the step's
@@ -126,8 +103,7 @@ class IBOT(Method):
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
         p, b, v = self.params, views[0].shape[0], len(views)
-        epochs = progress.epochs_done if progress is not None else 0.0
-        frozen = progress is not None and epochs < p.freeze_last_layer_epochs
+        frozen, tau_t = self.schedule(progress)  # the prototypes frozen early; tau_t after its warm-up
         grid = (views[0].shape[-2] // self.encoder.patch_size, views[0].shape[-1] // self.encoder.patch_size)
         masks = self._masks(b, grid)  # [2, b, N] the global crops' masks
         # the student, per sample in micro-batches (base.py): masked global crops, then the local crops
@@ -140,7 +116,6 @@ class IBOT(Method):
         with torch.no_grad():  # the teacher: unmasked global crops
             t = self.in_micro_batches(self._teacher_tokens, views[:2])  # [2b, 1 + N, D]
             t_cls, t_patch = self.target.net[1](t[:, 0]), self.target.net[1](t[:, 1:][masked])  # [2b, K], [M, K]
-        tau_t = teacher_temperature(epochs, p.warmup_teacher_temp, p.teacher_temp, p.warmup_teacher_temp_epochs)
         with float32(s):
             q_cls = self._codes(t_cls.float(), tau_t).view(2, b, -1)  # [2, b, K] Sinkhorn codes, class tokens
             q_patch = self._codes(t_patch.float(), tau_t)  # [M, K] Sinkhorn codes, masked patches
@@ -153,7 +128,3 @@ class IBOT(Method):
                 "embedding_std": embedding_std(z[:b]), "teacher_temp": torch.tensor(tau_t),
                 "masked_share": masked.float().mean(), "last_layer_frozen": torch.tensor(float(frozen)),
                 **target_statistics(q_cls)}
-
-    def after_step(self, out: dict[str, torch.Tensor], progress: Progress) -> None:
-        momentum = cosine_momentum(self.params.base_momentum, progress.fraction)  # resolve() decided auto
-        self.target.update(nn.Sequential(self.encoder, self.head), momentum)

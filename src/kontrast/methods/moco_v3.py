@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 
 from kontrast.encoders.target import MomentumTarget, cosine_momentum
-from kontrast.extract import mlp
+from kontrast.extract import mlp, predictor
 from kontrast.losses import info_nce, mi_bound
 from kontrast.methods.base import Method, Progress, Ranks, embedding_std
 from kontrast.registry import METHODS
@@ -66,7 +66,7 @@ class MoCoV3(Method):
     def __init__(self, encoder, params: MoCoV3Params, num_samples: int = 0, ranks: Ranks = Ranks()):
         super().__init__(encoder, params, num_samples, ranks)
         self.projector = mlp([encoder.dim, params.proj_hidden, params.proj_dim], last_norm=True)
-        self.predictor = mlp([params.proj_dim, params.pred_hidden, params.proj_dim])
+        self.predictor = predictor(params.proj_dim, params.pred_hidden)
         self.target = MomentumTarget(self._online())
 
     def _online(self) -> nn.Module:

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from kontrast.config import checked
 from kontrast.errors import UserError
-from kontrast.extract import mlp, nearest_neighbours
+from kontrast.extract import mlp, nearest_neighbours, predictor
 from kontrast.losses import Queue, info_nce, mi_bound
 from kontrast.methods.base import Method, Progress, Ranks, embedding_std
 from kontrast.registry import METHODS
@@ -54,7 +54,7 @@ class NNCLR(Method):
         super().__init__(encoder, params, num_samples, ranks)
         h, d = params.proj_hidden, params.proj_dim
         self.projector = nn.Sequential(*mlp([encoder.dim, h, h, d], bias_last=False), nn.BatchNorm1d(d))
-        self.predictor = mlp([d, params.pred_hidden, d])
+        self.predictor = predictor(d, params.pred_hidden)
         self.queue = Queue(params.queue_size, d)
 
     def _predict(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,10 +25,10 @@ import torch.nn.functional as F
 
 from kontrast.config import checked
 from kontrast.data.captions import captions_for
-from kontrast.encoders.text import TextTransformer, tokenize
 from kontrast.errors import UserError
 from kontrast.losses.sigmoid import sigmoid_pair_loss
-from kontrast.methods.base import Method, Progress, Ranks, embedding_std
+from kontrast.methods.base import Progress, Ranks, embedding_std
+from kontrast.methods.clip import ImageTextPairs, text_transformer
 from kontrast.registry import METHODS
 
 
@@ -51,7 +51,7 @@ class SigLIPParams:
 
 
 @METHODS.register("siglip")
-class SigLIP(Method):
+class SigLIP(ImageTextPairs):
     description = ("SigLIP: image and text towers, a sigmoid loss per pair, learned temperature and bias "
                    "(Zhai et al. 2023)")
     recipe = "clip"
@@ -61,14 +61,13 @@ class SigLIP(Method):
                           "warmup_epochs": 1.0}}
 
     def __init__(self, encoder, params: SigLIPParams, num_samples: int = 0, ranks: Ranks = Ranks()):
-        super().__init__(encoder, params, num_samples, ranks)
+        super().__init__(encoder, params, num_samples, ranks)  # CLIP's captions' tokens
         self.image_projection = nn.Linear(encoder.dim, params.embed_dim, bias=False)
-        if params.pairs == "text":
-            self.text = TextTransformer(params.context_length, params.text_width, params.text_layers, params.text_heads)
+        if params.pairs == "text":  # CLIP's text tower
+            self.text = text_transformer(params)
             self.text_projection = nn.Linear(params.text_width, params.embed_dim, bias=False)
         self.log_scale = nn.Parameter(torch.tensor(math.log(params.init_scale)))  # t'
         self.bias = nn.Parameter(torch.tensor(params.init_bias))  # b
-        self.register_buffer("tokens", torch.zeros(0, params.context_length, dtype=torch.long), persistent=False)
 
     def bind_data(self, data) -> str | None:
         if self.params.pairs == "views":
@@ -77,14 +76,11 @@ class SigLIP(Method):
         self.tokens = self.tokenize(captions)
         return f"siglip: {note}"
 
-    def tokenize(self, texts: list[str]) -> torch.Tensor:
-        return tokenize(texts, self.params.context_length).to(self.bias.device)  # [N, L]
-
     def encode_image(self, x: torch.Tensor) -> torch.Tensor:
-        return F.normalize(self.image_projection(self.encoder(x)), dim=1)  # [B, embed_dim] unit rows
+        return F.normalize(super().encode_image(x), dim=1)  # [B, embed_dim] unit rows
 
     def encode_text(self, tokens: torch.Tensor) -> torch.Tensor:
-        return F.normalize(self.text_projection(self.text(tokens)), dim=1)  # [B, embed_dim] unit rows
+        return F.normalize(super().encode_text(tokens), dim=1)  # [B, embed_dim] unit rows
 
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
@@ -92,10 +88,7 @@ class SigLIP(Method):
         if self.params.pairs == "views":
             y = self.in_micro_batches(self.encode_image, views[1:2])  # [B, E] the second views
         else:
-            if indices is None or len(self.tokens) == 0:
-                raise UserError("siglip trains on image-caption pairs: call bind_data(training set) and pass the "
-                                "batch's indices")
-            y = self.in_micro_batches(self.encode_text, [self.tokens[indices]])  # [B, E] their captions
+            y = self.in_micro_batches(self.encode_text, [self.captions(indices)])  # [B, E] their captions
         scale, b = self.log_scale.exp(), x.shape[0]
         x, y = x.float(), y.float()
         total = sigmoid_pair_loss(x, y, scale, self.bias)  # this rank's pairs: its images x its texts

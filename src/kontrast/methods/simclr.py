@@ -9,6 +9,7 @@ SGD lr 0.06 x batch/256, weight decay 5e-4 (lightly's CIFAR-10 benchmark recipe)
 statistics are those of one view's batch, as lightly and solo-learn do; ``joint`` sends both views as
 one 2B batch, as the authors' TensorFlow code does (BN over both views). ``per_view`` is the default because on
 a CPU two B batches run faster than one 2B batch (measurements: docs/lab/performance.md, section 10).
+SupCon composes the same set-up (:func:`projection_head`, :func:`embed_views`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn as nn
 
 from kontrast.config import checked
 from kontrast.extract import mlp
@@ -24,6 +26,25 @@ from kontrast.methods.base import Method, Progress, Ranks, embedding_std
 from kontrast.registry import METHODS
 
 VIEW_BN = ("per_view", "joint")
+
+
+def projection_head(dim: int, params, norm: bool = True) -> nn.Sequential:
+    """SimCLR's head g (section 2.1; SupCon's too): ``mlp(dim, proj_hidden or dim, proj_dim)``, ``[N, dim] ->
+    [N, proj_dim]``, BN after the hidden layer (``norm``, the authors' code; SupCon's authors leave it out)."""
+    return mlp([dim, params.proj_hidden or dim, params.proj_dim], norm=norm)
+
+
+def embed_views(method: Method, views: list[torch.Tensor], joint: bool = False) -> torch.Tensor:
+    """``projector(encoder(x))`` of ``method`` on the views ([B, ...] each), concatenated: ``[len(views) B, proj_dim]``.
+
+    Each view through the network on its own, BatchNorm's statistics those of one view's batch (lightly, solo-learn);
+    ``joint``: all views as one batch, as the authors' TensorFlow code (BN over both views). Per sample, in
+    micro-batches (base.py).
+    """
+    net = lambda x: method.projector(method.encoder(x))  # noqa: E731
+    if joint:
+        return method.in_micro_batches(net, views)
+    return torch.cat([method.in_micro_batches(net, [v]) for v in views])
 
 
 @dataclass(frozen=True)
@@ -44,15 +65,11 @@ class SimCLR(Method):
 
     def __init__(self, encoder, params: SimCLRParams, num_samples: int = 0, ranks: Ranks = Ranks()):
         super().__init__(encoder, params, num_samples, ranks)
-        hidden = params.proj_hidden or encoder.dim
-        self.projector = mlp([encoder.dim, hidden, params.proj_dim])
+        self.projector = projection_head(encoder.dim, params)
 
     def embed(self, views: list[torch.Tensor]) -> torch.Tensor:
-        """Encoder and head on the views ([B, ...] each), concatenated: [2B, proj_dim]."""
-        net = lambda x: self.projector(self.encoder(x))  # noqa: E731  per sample: in micro-batches (base.py)
-        if self.params.view_bn == "joint":  # the authors' code: one 2B batch, BN statistics over both views
-            return self.in_micro_batches(net, views)
-        return torch.cat([self.in_micro_batches(net, [v]) for v in views])  # BN statistics of each view's batch
+        """Encoder and head on the views ([B, ...] each), concatenated: [2B, proj_dim] (BN as ``view_bn`` says)."""
+        return embed_views(self, views, joint=self.params.view_bn == "joint")
 
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kontrast.extract import mlp
+from kontrast.extract import mlp, predictor
 from kontrast.methods.base import Method, Progress, Ranks, embedding_std
 from kontrast.registry import METHODS
 from kontrast.similarity import paired_cosine
@@ -48,7 +48,7 @@ class SimSiam(Method):
     def __init__(self, encoder, params: SimSiamParams, num_samples: int = 0, ranks: Ranks = Ranks()):
         super().__init__(encoder, params, num_samples, ranks)
         self.projector = mlp([encoder.dim, params.proj_hidden, params.proj_dim], last_norm=True)
-        self.predictor = mlp([params.proj_dim, params.pred_hidden, params.proj_dim])
+        self.predictor = predictor(params.proj_dim, params.pred_hidden)
         self.fixed_lr_modules = ("predictor",) if params.fix_pred_lr else ()
 
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,

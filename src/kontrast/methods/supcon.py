@@ -1,8 +1,9 @@
 """SupCon: supervised contrastive learning (Khosla et al. 2020, https://arxiv.org/abs/2004.11362).
 
-SimCLR's composition (two views, encoder, mlp(dim, dim, 128) head, cosine / tau) with the labels of the training
-set: every view of the same class in the global batch is a positive, the paper's L_out (eq. 2, the form it found
-better than L_in): for each view i, ``-1/|P(i)| sum_{p in P(i)} log softmax_{a != i}(z_i.z_a / tau)_p``.
+SimCLR's composition (two views, encoder, mlp(dim, dim, 128) head, cosine / tau: ``simclr.py``'s
+``projection_head`` and ``embed_views``) with the labels of the training set: every view of the same class in the
+global batch is a positive, the paper's L_out (eq. 2, the form it found better than L_in): for each view i,
+``-1/|P(i)| sum_{p in P(i)} log softmax_{a != i}(z_i.z_a / tau)_p``.
 Recipe of the authors' CIFAR runs (HobbitLong/SupContrast): tau 0.1, a head without BN, SGD with momentum 0.9 and
 weight decay 1e-4, lr 0.5 at batch 1024 (here per 256 images: 0.125, scaled with the batch). Views: SimCLR's CIFAR
 recipe (the authors' crops reach 0.2 of the image, SimCLR's 0.08; kontrast keeps one recipe for both to compare
@@ -18,10 +19,10 @@ import torch.nn.functional as F
 
 from kontrast.config import checked
 from kontrast.errors import UserError
-from kontrast.extract import mlp
 from kontrast.losses import mi_bound
 from kontrast.losses.supervised import supervised_contrastive
 from kontrast.methods.base import Method, Progress, Ranks, embedding_std
+from kontrast.methods.simclr import embed_views, projection_head
 from kontrast.registry import METHODS
 
 
@@ -43,7 +44,7 @@ class SupCon(Method):
 
     def __init__(self, encoder, params: SupConParams, num_samples: int = 0, ranks: Ranks = Ranks()):
         super().__init__(encoder, params, num_samples, ranks)
-        self.projector = mlp([encoder.dim, params.proj_hidden or encoder.dim, params.proj_dim], norm=params.proj_bn)
+        self.projector = projection_head(encoder.dim, params, norm=params.proj_bn)  # SimCLR's head
         self.register_buffer("labels", torch.zeros(0, dtype=torch.long), persistent=False)
 
     def bind_data(self, data) -> str:
@@ -58,8 +59,7 @@ class SupCon(Method):
         if indices is None or len(self.labels) == 0:
             raise UserError("supcon needs the batch's labels: call bind_data(training set) and pass the batch's "
                             "indices")
-        net = lambda x: self.projector(self.encoder(x))  # noqa: E731 per sample, in micro-batches (base.py)
-        z = torch.cat([self.in_micro_batches(net, [v]) for v in views[:2]])  # [2B, D] view 1, then view 2
+        z = embed_views(self, views[:2])  # [2B, D] view 1, then view 2, each through BN on its own (SimCLR's)
         z = F.normalize(z.float(), dim=1)
         y = self.labels[indices].repeat(2)  # [2B] each view's class
         candidates, mine = self.ranks.everyone(z)  # [2BW, D] every rank's views, in rank order

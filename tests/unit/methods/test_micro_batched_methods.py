@@ -19,23 +19,11 @@ from kontrast.methods import METHODS
 from kontrast.methods.base import Progress
 from kontrast.methods.build import create_method, resolve, view_specs
 from kontrast.train.faults import nudge_weights
-from support.args import HEADS, tiny_encoder
+from support.args import tiny_encoder
 from support.floors import FACTOR
+from support.sizes import micro_batch_params
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-# a queue of 16 keys (MoCo, NNCLR, SwAV): full after the first step, so the second step reads it
-QUEUES = {"moco_v1": {"queue_size": 16, "bn_groups": 2}, "moco_v2": {"queue_size": 16, "bn_groups": 2},
-          "infomin": {"queue_size": 16, "bn_groups": 2}, "nnclr": {"queue_size": 16},
-          "swav": {"queue_size": 16, "queue_start_epochs": 0, "freeze_prototypes_epochs": 0},
-          "dino": {"freeze_last_layer_epochs": 0}, "cpc": {"steps": 3, "negative_pool": 4},
-          "cpc_v2": {"patch_size": 8, "patch_stride": 4, "negative_pool": 2}}
-
-
-def _params(name: str) -> dict:
-    small = {item.split("=")[0].removeprefix("method."): float(item.split("=")[1]) for item in HEADS.get(name, [])}
-    return {k: int(v) for k, v in small.items()} | QUEUES.get(name, {})
-
 
 def _without_batch_norm(module: nn.Module) -> nn.Module:
     """Every BatchNorm replaced by a per-sample norm (GroupNorm of one group, a LayerNorm over channels): a network
@@ -49,7 +37,8 @@ def _without_batch_norm(module: nn.Module) -> nn.Module:
 
 
 def _method(name: str, accumulate: int, nudged: bool = False):
-    cfg = resolve({"method": {"name": name, **_params(name)},
+    # small heads, and queues of 16 keys (MoCo, NNCLR, SwAV): full after the first step, so the second step reads them
+    cfg = resolve({"method": {"name": name, **micro_batch_params(name)},
                    "encoder": {"width": 1 / 16} if name == "cpc" else tiny_encoder(name), "train": {"batch_size": 8}})
     torch.manual_seed(0)
     method = _without_batch_norm(create_method(cfg, num_samples=32)).train().double()

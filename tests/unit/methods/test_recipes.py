@@ -7,7 +7,7 @@ import torch
 
 from kontrast.methods.base import Progress
 from kontrast.methods.build import create_method, recipe_lines, resolve
-from kontrast.methods.dino import teacher_momentum
+from kontrast.methods.self_distillation import teacher_momentum
 from kontrast.train.plan import plan_run
 
 VIT = {"name": "vit_tiny", "width": 0.125, "depth": 2}

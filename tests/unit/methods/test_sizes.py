@@ -8,8 +8,8 @@ from kontrast.config import merge, parse_override
 from kontrast.errors import UserError
 from kontrast.methods.base import Progress
 from kontrast.methods.build import check_size, create_method, resolve, smallest_size, view_specs
-from support.args import small_heads
 from support.cli import in_process
+from support.sizes import small_heads
 
 
 def _cfg(method: str, size: int, *items: str):
