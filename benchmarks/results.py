@@ -36,6 +36,7 @@ import yaml
 
 from kontrast.config import merge, parse_override
 from kontrast.data import load_images
+from kontrast.evaluate.options import EvalOptions
 from kontrast.evaluate.protocol import evaluate_encoder, evaluate_raw_pixels
 from kontrast.methods import METHODS
 from kontrast.methods.build import create_method, resolve, view_specs
@@ -98,8 +99,9 @@ def untrained_knn(name: str, args, splits, cache: dict) -> float:
     key = tuple(round(float(p.detach().double().sum()), 6) for p in method.encoder.parameters())
     if key not in cache:
         spec = view_specs(cfg, method)[0]
-        cache[key] = evaluate_encoder(method.encoder, *splits, cfg.eval, mean=spec.mean, std=spec.std,
-                                      precision=args.precision, linear=False)["knn_top1"]
+        options = EvalOptions(precision=args.precision, linear=False, clustering=False)  # kNN alone
+        cache[key] = evaluate_encoder(method.encoder, *splits, cfg.eval, options, mean=spec.mean,
+                                      std=spec.std)["knn_top1"]
     return cache[key]
 
 

@@ -60,6 +60,7 @@ _EXPORTS = {
     "fit": "kontrast.train.loop",
     "load_run": "kontrast.evaluate.run",
     "evaluate_run": "kontrast.evaluate.run",
+    "EvalOptions": "kontrast.evaluate.options",
     "extract_features": "kontrast.evaluate.features",
     "embed": "kontrast.outputs.embed",
     "write_embeddings": "kontrast.outputs.embed",

@@ -6,10 +6,8 @@ Every user mistake ends as one line ``error: ...`` on stderr and exit code 2.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 from kontrast.cli_args import build_parser
@@ -20,12 +18,13 @@ def _train_config(args):
     """The run's config, resolved once: from the YAML, the flags and ``--set`` (and on ``--resume`` the run's own
     config.yaml); a process of ``--nproc`` reads the one its launcher resolved."""
     from kontrast.checkpoint import RUN_CONFIG, read_run_config
-    from kontrast.config import load_yaml
     from kontrast.config.load import assemble
-    from kontrast.methods.build import read_resolved, resolve
+    from kontrast.methods.build import resolve
+    from kontrast.train.launcher import launched_config
 
-    if CONFIG_ENV in os.environ and "RANK" in os.environ:
-        return read_resolved(load_yaml(os.environ[CONFIG_ENV]))
+    launched = launched_config()
+    if launched is not None:
+        return launched
     saved = read_run_config(Path(args.out))[0] if args.resume and (Path(args.out) / RUN_CONFIG).is_file() else None
     flags = {"data": {"source": args.data, "skip_bad_images": args.skip_bad_images or None},
              "train": {"epochs": args.epochs, "batch_size": args.batch_size, "accumulate": args.accumulate,
@@ -75,170 +74,6 @@ def _reference() -> str:
     return "\n".join(out).rstrip("\n")
 
 
-CONFIG_ENV = "KONTRAST_LAUNCH_CONFIG"  # set by --nproc's launcher: the config it resolved, which its processes read
-NO_AGENT_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"  # torchrun's: the launcher serves no TCP store
-
-
-def _launch(nproc: int, argv: list[str], cfg) -> int:
-    """``kontrast train --nproc N``: the same command on N processes of this node, started by torchrun's launcher.
-
-    On Linux the processes are forked from Python's fork server (start method ``forkserver``, started by
-    :func:`_start_forkserver`): a process on one thread that imported PyTorch and kontrast's training room once,
-    so each process starts without importing them and their pages are shared (docs/distributed.md, "Launch"). On
-    macOS they start afresh (``spawn``), as ``torchrun ... -m kontrast.cli train`` starts them.
-    """
-    rest = _without_nproc(argv)  # each process runs the command under torchrun
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import elastic_launch
-
-    from kontrast.train import launch
-
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default for several processes, without its warning
-    start = "forkserver" if sys.platform == "linux" else "spawn"
-    errors = tempfile.TemporaryDirectory(prefix="kontrast-launch-")  # what the processes tell the launcher
-    # the launcher logs a worker's exit as a traceback of its own; the worker has said why (one line for an input
-    # error, its own traceback for a crash) and the lines below name the rank
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    from kontrast.config import dump
-
-    _say_launch(nproc, cfg.train.num_threads or int(os.environ["OMP_NUM_THREADS"]), start)
-    os.environ[launch.FOLDER_ENV] = errors.name
-    os.environ[CONFIG_ENV] = str(Path(errors.name) / "resolved.yaml")
-    os.environ[NO_AGENT_STORE_ENV] = "1"  # read by torchrun's rendezvous: rank 0 serves the run's store
-    dump(cfg, os.environ[CONFIG_ENV])
-    try:  # torchrun's own launcher, in this process; each worker runs the command without --nproc
-        config = _torchrun_config(nproc, start, Path(errors.name))
-        elastic_launch(config=config, entrypoint=_worker)(rest, _AsLauncher())
-    except SignalException as exc:  # SIGTERM / SIGINT to the launcher: torchrun passed it on and waited for them
-        import signal
-
-        _say_errors(Path(errors.name))  # a process that failed on its way out (rare) said why in the folder
-        print(f"stopped: {signal.Signals(exc.sigval).name} to the launcher; "
-              f"{launch.checkpoint_line(Path(errors.name), nproc)}", file=sys.stderr)
-        return 128 + int(exc.sigval)
-    except ChildFailedError as exc:
-        rank, first = exc.get_first_failure()  # the cause; the others were stopped by torchrun after it
-        if first.exitcode == 2:
-            _say_errors(Path(errors.name))
-        if first.exitcode in (2, 130, 143):  # an input error, or a signal the run handled: the process said why
-            return first.exitcode
-        how = first.signal_name() if first.exitcode < 0 else f"exit code {first.exitcode}"
-        if first.exitcode > 0 and first.error_file_data.get("message"):  # a crash: its exception, as torchrun has it
-            message = first.message.get("message", "") if isinstance(first.message, dict) else first.message
-            how += ": " + (str(message).strip().splitlines() or ["?"])[0][:300]
-        print(f"error: the process of rank {rank} ended the run ({how}); torchrun stopped the others", file=sys.stderr)
-        return 1
-    finally:
-        os.environ.pop(launch.FOLDER_ENV, None)
-        os.environ.pop(CONFIG_ENV, None)
-        os.environ.pop(NO_AGENT_STORE_ENV, None)
-        errors.cleanup()
-    return 0
-
-
-def _torchrun_config(nproc: int, start: str, folder: Path):
-    """torchrun's launch configuration for N processes on this node, as ``--standalone`` gives but for the
-    rendezvous: a file in ``folder`` rather than a TCP store served from this process (the first remedy for a rank
-    that never joined, when this process forked the processes: docs/distributed.md, "A process that never joins").
-    The run's own store is served by rank 0."""
-    import uuid
-
-    from torch.distributed.run import config_from_args, get_args_parser
-
-    args = get_args_parser().parse_args([f"--nproc-per-node={nproc}", f"--start-method={start}", "-m", "kontrast.cli"])
-    args.rdzv_backend, args.rdzv_id, args.rdzv_conf = "c10d", str(uuid.uuid4()), "store_type=file"
-    args.rdzv_endpoint = str(folder / "rendezvous")  # with NO_AGENT_STORE_ENV set: no TCP store served from here
-    return config_from_args(args)[0]
-
-
-def _without_nproc(argv: list[str]) -> list[str]:
-    rest, skip = [], False
-    for arg in argv:
-        if skip or arg == "--nproc" or arg.startswith("--nproc="):
-            skip = arg == "--nproc"
-            continue
-        rest.append(arg)
-    return rest
-
-
-def _say_launch(nproc: int, threads: int, start: str) -> None:
-    """What ``--nproc`` starts, and a warning when its threads outnumber the cores this process may use."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    print(f"launching {nproc} processes on this node (torchrun, {start}), {threads} thread(s) each; rank 0 "
-          f"speaks for the run", flush=True)
-    if nproc * threads > cores:  # the remedies that change something: fewer processes, or fewer threads each
-        fewer_procs, fewer_threads = max(1, cores // threads), max(1, cores // nproc)
-        remedies = ([f"--nproc {fewer_procs}"] if fewer_procs < nproc else []) + (
-            [f"--set train.num_threads={fewer_threads}"] if fewer_threads < threads else [])
-        print(f"warning: {nproc} processes x {threads} threads > {cores} cores: they will slow each other; use "
-              f"{' or '.join(remedies)}", file=sys.stderr, flush=True)
-
-
-def _say_errors(folder: Path) -> None:
-    """The workers' input errors, each message once: the same config fails the same way on every rank."""
-    said = []
-    for path in sorted(folder.glob("rank-*"), key=lambda p: int(p.name.split("-")[1])):
-        message = path.read_text()
-        if message not in said:
-            rank = path.name.split("-")[1]
-            print(f"error: {message}" if rank == "0" else f"error: rank {rank}: {message}", file=sys.stderr, flush=True)
-            said.append(message)
-
-
-# what --nproc's fork server imports before it forks the processes: what each imports to run (the training room
-# alone leaves 75 MiB more private memory a process: the config loader's and torchrun's modules). Not kontrast.cli:
-# the processes of `python -m kontrast.cli` run it as their main module, which must not be imported before.
-FORKSERVER_PRELOAD = ["kontrast.config.load", "torch.distributed.launcher.api", "kontrast.train.loop"]
-
-
-def _start_forkserver() -> None:
-    """On Linux, Python's fork server for ``--nproc``'s processes, unless this process started it already: a fresh
-    interpreter on one thread that imports what the processes run (``FORKSERVER_PRELOAD``) and forks each of them."""
-    if sys.platform != "linux":
-        return
-    import multiprocessing
-    from multiprocessing import forkserver
-
-    multiprocessing.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
-    forkserver.ensure_running()
-
-
-class _AsLauncher:
-    """Sent with each process of ``--nproc``: unpickled there before torchrun sets that process's own variables,
-    it gives the process this launcher's environment and standard output and error as they are at this launch
-    (the process's working directory and ``sys.path`` are its launcher's already). The fork server the processes
-    are forked from is started by this process's first launch and keeps what this process had then."""
-
-    def __reduce__(self):
-        from multiprocessing.context import get_spawning_popen
-        from multiprocessing.reduction import DupFd  # the descriptors travel with the new process
-
-        if get_spawning_popen() is None:  # pickled for something else than a new process (a copy): nothing to give
-            return _AsLauncher, ()
-        return _as_launcher, (dict(os.environ), DupFd(1), DupFd(2))
-
-
-def _as_launcher(environ: dict, out, err) -> None:
-    os.environ.clear()
-    os.environ.update(environ)
-    for fd, passed in ((1, out), (2, err)):
-        received = passed.detach()
-        if received != fd:  # spawn passes the launcher's own descriptor numbers
-            os.dup2(received, fd)
-            os.close(received)
-
-
-def _worker(argv: list[str], *_as_launcher_done) -> None:
-    """One process of ``--nproc``, started by torchrun's launcher: the command without ``--nproc``."""
-    import torch
-
-    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # OpenMP read the launcher's environment, not ours
-    code = main(argv)
-    if code:
-        raise SystemExit(code)  # the launcher sees the exit code (2, 130, 143: this process said why)
-
-
 def _run(args, argv: list[str]) -> int:
     if args.command is None:  # bare `kontrast`: what it can do
         build_parser().print_help()
@@ -256,22 +91,14 @@ def _train(args, argv: list[str]) -> int:
     from kontrast.train.rundir import check_run_dir
 
     check_run_dir(Path(args.out), resume=args.resume, overwrite=args.overwrite)  # before any data or process
-    if args.nproc != 1:
-        if args.nproc < 1:
-            raise UserError(f"--nproc must be at least 1, got {args.nproc}")
-        if "WORLD_SIZE" in os.environ:
-            raise UserError("--nproc inside a torchrun launch: drop --nproc (torchrun already started the processes)")
-        _start_forkserver()  # its imports run beside the config's resolution here
-        from kontrast.train.distributed import check_world
+    if args.nproc != 1:  # each process runs this command without --nproc, through main
+        from kontrast.train.launcher import run_on_processes
 
-        cfg = _train_config(args)
-        check_world(cfg, args.nproc)  # bad input: one line here, before any process starts
-        return _launch(args.nproc, argv, cfg)
-    from kontrast.train.faults import Faults
+        return run_on_processes(args.nproc, argv, resolve_config=lambda: _train_config(args), entry=main)
     from kontrast.train.loop import fit
 
     summary = fit(_train_config(args), args.out, resume=args.resume, overwrite=args.overwrite,
-                  progress=not args.no_progress, listeners=[Faults.from_env()])
+                  progress=not args.no_progress)
     if os.environ.get("RANK", "0") == "0":  # under torchrun: rank 0 speaks for the run
         print(json.dumps(summary))
     return 0
@@ -286,12 +113,13 @@ def _methods(args) -> int:
 
 
 def _eval(args) -> int:
+    from kontrast.evaluate.options import EvalOptions
     from kontrast.evaluate.run import evaluate_run
 
-    result = evaluate_run(args.checkpoint, args.data, device=args.device, linear=not args.no_linear,
-                          clustering=not args.no_clustering, labels_fraction=args.labels_fraction,
-                          finetune_epochs=args.finetune_epochs, precision=args.precision,
-                          linear_weight_decay=args.linear_weight_decay)
+    options = EvalOptions(device=args.device, precision=args.precision, linear=not args.no_linear,
+                          clustering=not args.no_clustering, linear_weight_decay=args.linear_weight_decay,
+                          labels_fraction=args.labels_fraction, finetune_epochs=args.finetune_epochs)
+    result = evaluate_run(args.checkpoint, args.data, options)
     print(json.dumps(result) if args.json else _eval_line(result))
     return 0
 

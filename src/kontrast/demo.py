@@ -12,6 +12,7 @@ import torch
 
 from kontrast.config import load_yaml, merge
 from kontrast.data import load_images
+from kontrast.evaluate.options import EvalOptions
 from kontrast.evaluate.protocol import evaluate_encoder, evaluate_raw_pixels
 from kontrast.evaluate.run import evaluate_run
 from kontrast.methods.build import create_method, resolve, view_specs
@@ -38,7 +39,8 @@ def run_demo(out: str | Path, *, epochs: int | None = None, progress: bool = Tru
     spec = view_specs(cfg, untrained)[0]
     rows = {
         "raw pixels": evaluate_raw_pixels(train, test, cfg.eval),
-        "random encoder": evaluate_encoder(untrained.encoder, train, test, cfg.eval, mean=spec.mean, std=spec.std),
+        "random encoder": evaluate_encoder(untrained.encoder, train, test, cfg.eval, EvalOptions(clustering=False),
+                                           mean=spec.mean, std=spec.std),
         "pretrained encoder": evaluate_run(out),
     }
     print(f"\n{'features':20s} {'kNN top-1':>10s} {'linear top-1':>13s}")

@@ -171,10 +171,10 @@ def test_nproc_says_what_it_launched_and_warns_on_more_threads_than_cores(tmp_pa
                                                        (1, 4, "use --set train.num_threads=2\n"),
                                                        (2, 2, "use --nproc 1 or --set train.num_threads=1\n")])
 def test_the_thread_warning_names_only_remedies_that_change_something(nproc, threads, remedies, capsys, monkeypatch):
-    from kontrast import cli
+    from kontrast.train import launcher
 
-    monkeypatch.setattr(cli.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)  # 2 cores
-    cli._say_launch(nproc, threads, "forkserver")
+    monkeypatch.setattr(launcher.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)  # 2 cores
+    launcher._say_launch(nproc, threads, "forkserver")
     assert capsys.readouterr().err.endswith(f"threads > 2 cores: they will slow each other; {remedies}")
 
 

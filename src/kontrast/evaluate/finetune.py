@@ -22,6 +22,7 @@ from kontrast.augment import ViewSpec, make_views
 from kontrast.data import Samples
 from kontrast.errors import UserError
 from kontrast.evaluate.features import extract_features
+from kontrast.evaluate.options import EvalOptions
 from kontrast.precision import autocast
 
 
@@ -69,26 +70,29 @@ def epoch_batches(order: torch.Tensor, batch: int) -> tuple[torch.Tensor, ...]:
 
 
 def finetune_top1(
-    encoder: nn.Module, train: Samples, test: Samples, fraction: float, *, mean, std, epochs: int = 0,
-    batch_size: int = 256, lr: float = 0.05, seed: int = 0, device: str = "cpu", precision: str = "fp32",
+    encoder: nn.Module, train: Samples, test: Samples, options: EvalOptions, *, mean, std, seed: int = 0,
 ) -> dict[str, float]:
-    """Fine-tune a copy of ``encoder`` + ``Linear(dim, classes)`` on the labelled fraction; test top-1.
+    """Fine-tune a copy of ``encoder`` + ``Linear(dim, classes)`` on ``options.labels_fraction`` of the training
+    labels (class-balanced, drawn from ``seed``, which also seeds the head and the order); test top-1.
 
-    ``epochs`` 0 takes :func:`default_epochs`; ``lr`` is per 256 images (scaled by the batch size).
+    ``options.finetune_epochs`` 0 takes :func:`default_epochs`; ``options.finetune_lr`` is per 256 images (scaled
+    by the batch size); ``mean`` and ``std`` normalise the encoder's inputs.
     Returns ``{"finetune_top1", "labels_fraction", "finetune_labelled", "finetune_epochs"}``.
     """
     if train.labels is None or test.labels is None or train.x.ndim != 4:
         raise UserError(f"--labels-fraction needs labelled images; {train.name} has none")
+    fraction, device, precision = options.labels_fraction, options.device, options.precision
     rows = class_balanced_indices(train.labels, fraction, seed)
     images, labels = train.x[rows], train.labels[rows]  # [n, 3, H, W], [n]
-    epochs = epochs or default_epochs(fraction)
-    batch = min(batch_size, len(rows))
+    epochs = options.finetune_epochs or default_epochs(fraction)
+    batch = min(options.finetune_batch_size, len(rows))
     model = copy.deepcopy(encoder).to(device).train()
     with torch.random.fork_rng(devices=[]):  # the head's initialisation follows ``seed``, not the global RNG
         torch.manual_seed(seed)
         head = nn.Linear(model.dim, len(train.classes) or int(train.labels.max()) + 1).to(device)
     params = [*model.parameters(), *head.parameters()]
-    opt = torch.optim.SGD([p for p in params if p.requires_grad], lr=lr * batch / 256, momentum=0.9, nesterov=True)
+    lr = options.finetune_lr * batch / 256  # the options' lr is per 256 images
+    opt = torch.optim.SGD([p for p in params if p.requires_grad], lr=lr, momentum=0.9, nesterov=True)
     spec = finetune_view(images.shape[-1], mean, std)
     g = torch.Generator().manual_seed(seed)
     for _ in range(epochs):

@@ -6,6 +6,8 @@ as in every SSL benchmark table (lightly, solo-learn).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn as nn
 
@@ -16,6 +18,7 @@ from kontrast.evaluate.clustering import cluster_scores
 from kontrast.evaluate.features import extract_features, raw_pixel_features
 from kontrast.evaluate.knn import knn_top1
 from kontrast.evaluate.linear import linear_probe
+from kontrast.evaluate.options import EvalOptions
 
 
 def _check_labels(train: Samples, test: Samples) -> None:
@@ -41,18 +44,19 @@ def score_features(
 
 
 def evaluate_encoder(
-    encoder: nn.Module, train: Samples, test: Samples, cfg: EvalConfig, *,
-    mean, std, device: str = "cpu", precision: str = "fp32", linear: bool = True, max_train: int = 0,
-    clustering: bool = False,
+    encoder: nn.Module, train: Samples, test: Samples, cfg: EvalConfig, options: EvalOptions, *, mean, std,
 ) -> dict[str, float]:
-    """Extract features of both splits with ``encoder`` and score them."""
+    """Extract features of both splits with ``encoder`` (its inputs normalised by ``mean`` and ``std``; None for
+    sequences) and score them: kNN top-1, and the linear probe and the clustering where ``options`` asks for them
+    (its fine-tuning is :func:`kontrast.evaluate.finetune.finetune_top1`'s)."""
     _check_labels(train, test)
-    bank = train.subset(max_train) if max_train else train
-    images, labels = bank.x, bank.labels
-    kw = dict(mean=mean, std=std, batch_size=cfg.batch_size, device=device, precision=precision)
-    train_x = extract_features(encoder, images, **kw)
+    kw = dict(mean=mean, std=std, batch_size=cfg.batch_size, device=options.device, precision=options.precision)
+    train_x = extract_features(encoder, train.x, **kw)
     test_x = extract_features(encoder, test.x, **kw)
-    return score_features(train_x, labels, test_x, test.labels, cfg, linear=linear, clustering=clustering)
+    if options.linear_weight_decay is not None:
+        cfg = replace(cfg, linear_weight_decay=options.linear_weight_decay)
+    return score_features(train_x, train.labels, test_x, test.labels, cfg, linear=options.linear,
+                          clustering=options.clustering)
 
 
 def evaluate_raw_pixels(train: Samples, test: Samples, cfg: EvalConfig, *, linear: bool = True) -> dict[str, float]:

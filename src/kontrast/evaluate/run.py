@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 from kontrast.augment import ViewSpec
@@ -13,6 +12,7 @@ from kontrast.data import load_images
 from kontrast.data.cache import write_atomic
 from kontrast.errors import UserError
 from kontrast.evaluate.finetune import check_finetune_args, finetune_top1
+from kontrast.evaluate.options import DEFAULTS, EvalOptions
 from kontrast.evaluate.protocol import evaluate_encoder
 from kontrast.evaluate.zeroshot import supports_zeroshot, zeroshot_top1
 from kontrast.methods.base import Method
@@ -64,19 +64,15 @@ def _num_samples(ckpt: Path) -> int:
         return 0  # load_weights reports a damaged checkpoint more precisely
 
 
-def evaluate_run(path: str | Path, data: str | None = None, *, device: str = "cpu", linear: bool = True,
-                 clustering: bool = True, labels_fraction: float = 0.0, finetune_epochs: int = 0,
-                 precision: str = "fp32", linear_weight_decay: float | str | None = None) -> dict:
+def evaluate_run(path: str | Path, data: str | None = None, options: EvalOptions = DEFAULTS) -> dict:
     """kNN and linear-probe top-1 of a run's encoder on ``data`` (default: its training source), k-means
     clustering of its test features (NMI, AMI, ARI, Hungarian accuracy, each with its chance level), and with
-    ``labels_fraction`` the test top-1 after fine-tuning on that class-balanced fraction of the training labels
-    (evaluate/finetune.py).
-    ``precision``: the encoder's arithmetic, fp32 by default whatever the run trained in, so scores do not depend on
-    the machine (``auto``: bf16 where the device computes it natively). ``linear_weight_decay``: the probe's, over
-    the run's ``eval.linear_weight_decay`` (``auto``: chosen on a held-out tenth of the training labels). The result
-    is also kept in the run as ``RUN/eval.json`` (the report shows it)."""
-    if labels_fraction or finetune_epochs < 0:
-        check_finetune_args(labels_fraction, finetune_epochs)
+    ``options.labels_fraction`` the test top-1 after fine-tuning on that class-balanced fraction of the training
+    labels (evaluate/finetune.py); ``options`` (:class:`~kontrast.evaluate.options.EvalOptions`) says which of
+    these, where and in which arithmetic, by default as ``kontrast eval``. The result is also kept in the run as
+    ``RUN/eval.json`` (the report shows it)."""
+    if options.labels_fraction or options.finetune_epochs < 0:
+        check_finetune_args(options.labels_fraction, options.finetune_epochs)
     cfg, method, ckpt = load_run(path)
     source = data or cfg.data.source
     kw = dict(size=cfg.data.size, cache_dir=cfg.data.cache_dir, skip_bad_images=cfg.data.skip_bad_images)
@@ -85,14 +81,10 @@ def evaluate_run(path: str | Path, data: str | None = None, *, device: str = "cp
     specs = run_views(ckpt, cfg, method)  # the recipe's normalisation; none for sequences
     spec = specs[0] if specs else None
     mean, std = (spec.mean, spec.std) if spec else (None, None)
-    scoring = cfg.eval if linear_weight_decay is None else replace(cfg.eval, linear_weight_decay=linear_weight_decay)
-    result = evaluate_encoder(method.encoder.to(device), train, test, scoring, mean=mean, std=std,
-                              device=device, precision=precision, linear=linear,
-                              clustering=clustering)
-    if labels_fraction:
-        result.update(finetune_top1(method.encoder, train, test, labels_fraction, mean=mean, std=std,
-                                    epochs=finetune_epochs, seed=cfg.train.seed, device=device,
-                                    precision=precision))
+    device, precision = options.device, options.precision
+    result = evaluate_encoder(method.encoder.to(device), train, test, cfg.eval, options, mean=mean, std=std)
+    if options.labels_fraction:
+        result.update(finetune_top1(method.encoder, train, test, options, mean=mean, std=std, seed=cfg.train.seed))
     if supports_zeroshot(method) and test.classes:  # image-text models classify from class-name prompts
         result["zeroshot_top1"] = zeroshot_top1(method.to(device), test, mean=spec.mean, std=spec.std,
                                                 device=device, precision=precision)

@@ -1,8 +1,8 @@
 """Fault injection for the reliability tests: crashes, signals and NaNs at chosen steps.
 
-A listener of the training loop's events (:mod:`kontrast.train.events`), handed to
-:func:`kontrast.train.fit` among its listeners: :class:`NoFaults` does nothing; :class:`Faults` injects
-what ``KONTRAST_FAULTS`` asks for (the CLI builds it with :meth:`Faults.from_env`), a
+A listener of the training loop's events (:mod:`kontrast.train.events`) that :func:`kontrast.train.loop.fit`
+subscribes itself, from :meth:`Faults.from_env`, in every run (the command line's, ``--nproc``'s processes', a
+Python caller's): :class:`NoFaults` does nothing; :class:`Faults` injects what ``KONTRAST_FAULTS`` asks for, a
 comma-separated list of ``name=value``:
 
 * ``kill_after_step=N``: ``SIGKILL`` this process right after step N (before any checkpoint

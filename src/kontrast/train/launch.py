@@ -1,10 +1,10 @@
 """What the processes of ``kontrast train --nproc N`` tell their launcher: files in the launcher's folder for the run.
 
-The launcher (``kontrast.cli``) makes a temporary folder per launch and names it in :data:`FOLDER_ENV` for its
-processes. A process writes there ``rank-R``, its input error (the launcher says it once for all ranks), and,
-when a signal stopped the run, ``checkpointed-rank-R``: the step whose checkpoint it saw complete before it
-stopped. The launcher then says "every process checkpointed" only when all N said so. Outside such a launch
-(one process, or a plain ``torchrun``) nothing is written.
+The launcher (:mod:`kontrast.train.launcher`) makes a temporary folder per launch and names it in
+:data:`FOLDER_ENV` for its processes. A process writes there ``rank-R``, its input error (the launcher says it once
+for all ranks), and, when a signal stopped the run, ``checkpointed-rank-R``: the step whose checkpoint it saw
+complete before it stopped. The launcher then says "every process checkpointed" only when all N said so. Outside
+such a launch (one process, or a plain ``torchrun``) nothing is written.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from kontrast.methods.base import Ranks
 from kontrast.train import distributed, launch
 from kontrast.train.data_path import TrainData, bad_image_error, check_batch, epoch_batches
 from kontrast.train.events import Events, Listener
+from kontrast.train.faults import Faults
 from kontrast.train.guards import SignalStop, floating_state, nonfinite
 from kontrast.train.monitor import KnnMonitor
 from kontrast.train.plan import (
@@ -56,9 +57,10 @@ def fit(cfg: Config, run_dir: str | Path, *, resume: bool = False, overwrite: bo
 
     ``cfg``: a resolved config (:func:`kontrast.methods.build.resolve`); its run plan
     (:func:`kontrast.train.plan.plan_run`) is made once here and written into ``run_dir/config.yaml``.
-    ``listeners``: more subscribers to the loop's events (:class:`kontrast.train.events.Listener`), e.g. the
-    reliability tests' :class:`kontrast.train.faults.Faults`. ``train.num_threads`` holds for this call only,
-    so a caller's thread count is left as it was.
+    ``listeners``: more subscribers to the loop's events (:class:`kontrast.train.events.Listener`); the fault
+    injection of the reliability tests subscribes itself when ``KONTRAST_FAULTS`` asks for faults
+    (:mod:`kontrast.train.faults`). ``train.num_threads`` holds for this call only, so a caller's thread count is
+    left as it was.
     """
     threads = torch.get_num_threads()
     try:
@@ -87,7 +89,8 @@ def _fit(cfg: Config, run_dir: Path, resume: bool, overwrite: bool, progress: bo
     lead = ranks.rank == 0  # on several processes rank 0 alone writes, logs and monitors
     runlog = RunLog(progress)
     monitor = KnnMonitor.create(plan, train.data) if lead else None
-    loop = Loop(plan, ctx, schedule, train, run_dir, ranks, Events([runlog, monitor, *listeners]), resume=resume)
+    events = Events([runlog, monitor, *listeners, Faults.from_env()])  # the reliability tests' faults, if asked
+    loop = Loop(plan, ctx, schedule, train, run_dir, ranks, events, resume=resume)
     if resume and _resume(loop, lead):  # a finished run: said so, nothing changed
         return _saved_summary(run_dir) or {"method": plan.cfg.method.name, "steps": loop.step}
     if lead:

@@ -7,6 +7,7 @@ import sys
 from kontrast.data import load_images
 from kontrast.data.stream_source import StreamSource, is_shard_spec
 from kontrast.errors import UserError
+from kontrast.evaluate.options import EvalOptions
 from kontrast.evaluate.protocol import evaluate_encoder
 from kontrast.train.events import Listener
 from kontrast.train.plan import RunPlan
@@ -51,9 +52,10 @@ class KnnMonitor(Listener):
     def measure(self, loop, epoch: int) -> None:
         views, cfg, method = self.plan.views, self.plan.cfg, loop.ctx.method
         mean, std = (views[0].mean, views[0].std) if views else (None, None)  # sequences: not normalised
-        res = evaluate_encoder(method.encoder, self.train, self.test, cfg.eval, mean=mean, std=std,
-                               device=str(loop.ctx.device), precision=cfg.train.precision, linear=False,
-                               max_train=cfg.train.knn_max_train)
+        options = EvalOptions(device=str(loop.ctx.device), precision=cfg.train.precision, linear=False,
+                              clustering=False)  # kNN alone
+        bank = self.train.subset(cfg.train.knn_max_train)  # at most knn_max_train rows (0: all)
+        res = evaluate_encoder(method.encoder, bank, self.test, cfg.eval, options, mean=mean, std=std)
         loop.events.emit("record", loop, {"epoch": epoch, "knn_top1": res["knn_top1"]},
                          f"epoch {epoch}: kNN top-1 {res['knn_top1']:.4f}")
         method.train()

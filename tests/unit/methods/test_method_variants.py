@@ -94,6 +94,7 @@ def test_instdisc_proximal_term_and_missing_indices():
 
 def test_instdisc_checkpoint_evaluates(tmp_path):
     """`kontrast eval` rebuilds the method from config: the bank must be sized from the checkpoint."""
+    from kontrast.evaluate.options import EvalOptions
     from kontrast.evaluate.run import evaluate_run, load_run
     from kontrast.methods.build import resolve
     from kontrast.train.loop import fit
@@ -104,7 +105,7 @@ def test_instdisc_checkpoint_evaluates(tmp_path):
     fit(resolve(raw), tmp_path / "run", progress=False)
     _, method, _ = load_run(tmp_path / "run")
     assert method.bank.items.shape == (64, 128)
-    result = evaluate_run(tmp_path / "run", linear=False)
+    result = evaluate_run(tmp_path / "run", options=EvalOptions(linear=False))
     assert 0.0 <= result["knn_top1"] <= 1.0
 
 
