@@ -67,6 +67,7 @@ _EXPORTS = {
     "export_backbone": "kontrast.outputs.export",
     "load_backbone": "kontrast.outputs.export",
     "write_report": "kontrast.report",
+    "load_plugins": "kontrast.plugins",
     "UserError": "kontrast.errors",
 }
 

@@ -78,6 +78,10 @@ def _run(args, argv: list[str]) -> int:
     if args.command is None:  # bare `kontrast`: what it can do
         build_parser().print_help()
         return 0
+    if hasattr(args, "plugin"):  # a command that builds a method: --plugin files, installed packages' entry points
+        from kontrast.plugins import load_plugins  # (and on --resume, every process: the files the run names)
+
+        load_plugins(args.plugin, run_dir=args.out if args.command == "train" and args.resume else None)
     if args.command == "train":
         return _train(args, argv)
     handlers = {"config": _show_config, "methods": _methods, "eval": _eval, "embed": _take_away,

@@ -38,6 +38,12 @@ class Parser(argparse.ArgumentParser):
         raise UserError(f"{message} (see `{self.prog} --help`)")
 
 
+def _plugin_arg(p) -> None:
+    p.add_argument("--plugin", action="append", default=[], metavar="FILE",
+                   help="a Python file of your own that registers methods (repeatable; a run keeps its path for "
+                   "--resume and the commands that read the run; docs/guide.md, \"Add a method\")")
+
+
 def _csv(kind):
     def parse(text: str) -> tuple:
         return tuple(kind(item) for item in text.split(",") if item)
@@ -48,6 +54,7 @@ def _csv(kind):
 def _train_args(sub) -> None:
     p = sub.add_parser("train", help="pretrain an encoder")
     p.add_argument("--method", help="method name (see `kontrast methods`); default simclr")
+    _plugin_arg(p)
     p.add_argument("--data", help="shapes | ImageFolder dir | .tar/.tar.gz | CIFAR folder | tar shards (a `kontrast "
                    "shards` folder or 'dir/train-{000000..000009}.tar'); data.mode=auto|memory|stream picks the "
                    "path (default: shapes)")
@@ -75,6 +82,7 @@ def _eval_args(sub) -> None:
     p = sub.add_parser("eval", help="kNN, linear-probe and clustering scores of a run's encoder; optionally "
                        "fine-tuning on a fraction of the labels")
     p.add_argument("--checkpoint", required=True, help="run directory or one checkpoint folder")
+    _plugin_arg(p)
     p.add_argument("--data", help="labelled source to evaluate on (default: the run's training source)")
     p.add_argument("--device", default="cpu", help=DEVICE_HELP)
     _precision_arg(p)
@@ -95,6 +103,7 @@ def _eval_args(sub) -> None:
 def _outputs_args(sub) -> None:
     p = sub.add_parser("embed", help="frozen encoder features of every image, with file names")
     p.add_argument("--checkpoint", required=True, help="run directory or one checkpoint folder")
+    _plugin_arg(p)
     p.add_argument("--data", help="images to embed: any source `train --data` reads (default: the run's own)")
     p.add_argument("--out", required=True, help="output file; its extension picks the format: "
                    ".npy (+ .paths.txt beside it), .pt, .parquet or .csv")
@@ -107,6 +116,7 @@ def _outputs_args(sub) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p = sub.add_parser("export", help="the encoder as a torchvision state_dict (safetensors) + a JSON of how to use it")
     p.add_argument("--checkpoint", required=True, help="run directory or one checkpoint folder")
+    _plugin_arg(p)
     p.add_argument("--out", required=True, help="folder to write backbone.safetensors and backbone.json into")
     p.add_argument("--format", choices=["torchvision", "timm"], default="torchvision",
                    help="key names of the file: torchvision's (the default; kontrast's ResNets and ViTs carry them) "
@@ -116,6 +126,7 @@ def _outputs_args(sub) -> None:
     p = sub.add_parser("report", help="one self-contained HTML page: curves, embedding map, neighbours, views")
     p.add_argument("run", nargs="?", help="run directory (or give it as --checkpoint, as the other commands)")
     p.add_argument("--checkpoint", help="run directory or one checkpoint folder")
+    _plugin_arg(p)
     p.add_argument("--out", help="HTML file to write (default: RUN/report.html)")
     p.add_argument("--limit", type=int, default=2000,
                    help="images in the map and the neighbours (default: %(default)s)")
@@ -169,6 +180,7 @@ def _theory_args(sub) -> None:
 def _diagnose_args(sub) -> None:
     p = sub.add_parser("diagnose", help="alignment, uniformity, collapse and graph spectrum of a run's encoder")
     p.add_argument("--checkpoint", required=True, help="run directory or one checkpoint folder")
+    _plugin_arg(p)
     p.add_argument("--data", help="images to embed (default: the run's training source)")
     p.add_argument("--split", choices=["train", "test"], default="test", help="images of this split (default: test)")
     p.add_argument("--limit", type=int, default=512, help="images used (a fixed random subset)")
@@ -217,9 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
     _train_args(sub)
     _eval_args(sub)
     _outputs_args(sub)
-    sub.add_parser("methods", help="list methods")
+    _plugin_arg(sub.add_parser("methods", help="list methods"))
     c = sub.add_parser("config", help="the resolved configuration: every key, its value and what it is")
     c.add_argument("--method", help="method name (see `kontrast methods`); default simclr")
+    _plugin_arg(c)
     c.add_argument("--config", help="YAML recipe (see configs/)")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. optim.lr=0.1")
     c.add_argument("--reference", action="store_true", help="every command and every key of every method, as Markdown")

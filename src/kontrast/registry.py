@@ -15,6 +15,14 @@ from kontrast.errors import UserError, did_you_mean
 T = TypeVar("T")
 
 
+class AlreadyRegistered(ValueError):
+    """A second ``register(name)`` of a name the registry holds (a plugin's method named as a built-in one)."""
+
+    def __init__(self, kind: str, name: str):
+        super().__init__(f"{kind} {name!r} registered twice")
+        self.kind, self.name = kind, name
+
+
 class Registry(Generic[T]):
     """Name -> factory. ``@REG.register("name")`` adds one; ``REG.get(name)`` finds it."""
 
@@ -25,7 +33,7 @@ class Registry(Generic[T]):
     def register(self, name: str) -> Callable[[T], T]:
         def add(obj: T) -> T:
             if name in self._items:
-                raise ValueError(f"{self.kind} {name!r} registered twice")
+                raise AlreadyRegistered(self.kind, name)
             self._items[name] = obj
             return obj
 

@@ -19,6 +19,7 @@ LEVELS = {"cli": 0, "cli_args": 1, "kontrast": 2, "demo": 3, "bench": 3, "train"
           "theory": 4, "evaluate": 5, "methods": 6, "encoders": 7, "losses": 7, "extract": 7, "micro_batches": 7,
           "data": 7, "augment": 8, "similarity": 8, "plotting": 8, "checkpoint": 8, "config": 9, "registry": 9,
           "precision": 10, "errors": 11}
+LEVELS["plugins"] = 5.5  # methods from a user's file or an installed package: above methods, read by train and evaluate
 
 
 def _module_name(path: Path) -> str:

@@ -17,6 +17,7 @@ from kontrast.evaluate.protocol import evaluate_encoder
 from kontrast.evaluate.zeroshot import supports_zeroshot, zeroshot_top1
 from kontrast.methods.base import Method
 from kontrast.methods.build import check_inputs, create_method, resolve, view_specs
+from kontrast.plugins import load_plugins
 
 EVAL_FILE = "eval.json"  # the latest `kontrast eval` of a run, inside it
 
@@ -37,6 +38,7 @@ def load_run(path: str | Path) -> tuple[Config, Method, Path]:
                             f"train first (kontrast train --out {path})")
     if not (run_dir / RUN_CONFIG).is_file():
         raise UserError(f"{run_dir}/{RUN_CONFIG} is missing; --checkpoint must point at a kontrast run directory")
+    load_plugins(run_dir=run_dir)  # a method from a user's file (the run names it) or an installed package
     raw, _ = read_run_config(run_dir)
     cfg = resolve(raw)
     method = create_method(cfg, num_samples=_num_samples(ckpt), pretrained=False)  # the checkpoint's weights follow

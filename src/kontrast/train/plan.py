@@ -37,6 +37,7 @@ from kontrast.methods.build import (
     run_recipe,
     view_multiple,
 )
+from kontrast.plugins import RUN_KEY, plugin_files
 from kontrast.precision import choose_precision
 from kontrast.registry import METHODS
 from kontrast.train import distributed
@@ -209,7 +210,8 @@ def absolute_paths(cfg: Config) -> Config:
 def write_run_config(plan: RunPlan, run_dir: Path) -> None:
     """``RUN/config.yaml``: the config's sections (every decided value) and the plan beside them
     (:func:`kontrast.checkpoint.read_run_config` reads both)."""
-    body = {**to_dict(plan.cfg), PLAN_KEY: plan.to_dict()}
+    files = plugin_files(plan.cfg.method.name)  # a method from a user's file: --resume and eval load it from there
+    body = {**to_dict(plan.cfg), PLAN_KEY: {**plan.to_dict(), **({RUN_KEY: files} if files else {})}}
     (Path(run_dir) / RUN_CONFIG).write_text(yaml.safe_dump(body, sort_keys=False))
 
 
