@@ -92,7 +92,8 @@ def _flag(name: str, value) -> list[str]:
 def resolved(args):
     """kontrast's config for this run: the method's recipe + the budget + ``--set`` (both sides use it)."""
     from kontrast.config import merge, parse_override
-    from kontrast.methods.build import decided, resolve
+    from kontrast.decisions import decided
+    from kontrast.methods.build import resolve
 
     raw = {"method": {"name": args.method}, "data": {"source": args.data, "limit": args.train_limit},
            "encoder": {"width": args.width},
@@ -106,10 +107,9 @@ def peer_views(cfg) -> list[dict]:
     """kontrast's views for this run (recipe at data.size, augment.view applied), each as its fields that
     differ from ViewSpec's defaults (peer_common.VIEW_DEFAULTS)."""
     from kontrast.augment import recipe_views
-    from kontrast.methods import METHODS as REGISTRY
-    from kontrast.methods.build import run_recipe
+    from kontrast.decisions import decide
 
-    specs = recipe_views(run_recipe(cfg, REGISTRY.get(cfg.method.name)), cfg.data.size, cfg.augment.view)
+    specs = recipe_views(decide(cfg).recipe, cfg.data.size, cfg.augment.view)
     return [view_delta(json.loads(json.dumps(dataclasses.asdict(s)))) for s in specs]
 
 
@@ -169,11 +169,11 @@ def peer_settings(cfg, args) -> tuple[list[str], list[str], list[str]]:
         unknown += [f"augment view {i}: {k}={v[k]} (lightly's {name} transform has no such step)" for k in cannot]
     flags += ["--views", json.dumps(views, separators=(",", ":"))]
     tc = cfg.train
-    from kontrast.methods.build import encoder_layers
+    from kontrast.decisions import decide, encoder_layers
     from kontrast.precision import choose_precision
 
     precision, channels_last, _ = choose_precision(tc.precision, tc.channels_last, _device(tc.device),
-                                                   encoder_layers(cfg))  # auto: as fit
+                                                   encoder_layers(decide(cfg).encoder_args))  # auto: as fit
     flags += ["--bf16"] if precision == "bf16" else []
     flags += ["--channels-last"] if channels_last else []
     flags += ["--device", _device(tc.device)]

@@ -36,10 +36,11 @@ import yaml
 
 from kontrast.config import merge, parse_override
 from kontrast.data import load_images
+from kontrast.decisions import view_specs
 from kontrast.evaluate.options import EvalOptions
 from kontrast.evaluate.protocol import evaluate_encoder, evaluate_raw_pixels
 from kontrast.methods import METHODS
-from kontrast.methods.build import create_method, resolve, view_specs
+from kontrast.methods.build import create_method, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET = yaml.safe_load((ROOT / "configs/short_budget.yaml").read_text())
@@ -98,7 +99,7 @@ def untrained_knn(name: str, args, splits, cache: dict) -> float:
     method = create_method(cfg, num_samples=args.limit)
     key = tuple(round(float(p.detach().double().sum()), 6) for p in method.encoder.parameters())
     if key not in cache:
-        spec = view_specs(cfg, method)[0]
+        spec = view_specs(cfg)[0]
         options = EvalOptions(precision=args.precision, linear=False, clustering=False)  # kNN alone
         cache[key] = evaluate_encoder(method.encoder, *splits, cfg.eval, options, mean=spec.mean,
                                       std=spec.std)["knn_top1"]

@@ -39,12 +39,15 @@ def _show_config(args) -> int:
     ``--reference``: every command and every key of every method, as Markdown (docs/reference.md)."""
     from kontrast.config.keys import describe
     from kontrast.config.load import assemble
+    from kontrast.decisions import decide
     from kontrast.methods.build import resolve
 
     if args.reference:
         print(_reference())
         return 0
-    print(describe(resolve(assemble(config_file=args.config, method=args.method, sets=args.set))))
+    cfg = resolve(assemble(config_file=args.config, method=args.method, sets=args.set))
+    decide(cfg)  # what a run of it would refuse (on one process), refused here too
+    print(describe(cfg))
     return 0
 
 

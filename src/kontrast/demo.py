@@ -12,10 +12,11 @@ import torch
 
 from kontrast.config import load_yaml, merge
 from kontrast.data import load_images
+from kontrast.decisions import view_specs
 from kontrast.evaluate.options import EvalOptions
 from kontrast.evaluate.protocol import evaluate_encoder, evaluate_raw_pixels
 from kontrast.evaluate.run import evaluate_run
-from kontrast.methods.build import create_method, resolve, view_specs
+from kontrast.methods.build import create_method, resolve
 from kontrast.train.loop import fit
 
 DEMO_CONFIG = Path(__file__).parent / "demo.yaml"
@@ -36,7 +37,7 @@ def run_demo(out: str | Path, *, epochs: int | None = None, progress: bool = Tru
     train, test = load_images(cfg.data.source, "train", **kw), load_images(cfg.data.source, "test", **kw)
     torch.manual_seed(cfg.train.seed)
     untrained = create_method(cfg)  # the same initialisation the run started from
-    spec = view_specs(cfg, untrained)[0]
+    spec = view_specs(cfg)[0]
     rows = {
         "raw pixels": evaluate_raw_pixels(train, test, cfg.eval),
         "random encoder": evaluate_encoder(untrained.encoder, train, test, cfg.eval, EvalOptions(clustering=False),

@@ -8,6 +8,15 @@ class UserError(Exception):
     """A problem with the user's input; the message says what is wrong and what to do."""
 
 
+class Refusal(UserError):
+    """A UserError about a setting, carrying the settings its message advises: ``advice`` maps ``section.key``
+    (or ``nproc``) to the value to set, so a caller (or a test) can apply it and try again."""
+
+    def __init__(self, message: str, advice: dict):
+        super().__init__(message)
+        self.advice = dict(advice)
+
+
 class Interrupted(Exception):
     """Training stopped on SIGTERM / SIGINT after writing a checkpoint; the CLI exits with ``exit_code``
     (128 + the signal number: 143 for SIGTERM, 130 for SIGINT), or stopped because another process of a

@@ -34,7 +34,7 @@ def test_a_vit_in_micro_batches_trains_as_on_the_plain_batch(tmp_path):
      "that is a multiple of 6 or a smaller train.accumulate"),
     ("simclr", ["--batch-size", "16", "--accumulate", "16"], "must divide into 16 micro-batches of 2 images or more"),
     ("moco_v2", ["--batch-size", "48", "--accumulate", "3", "--set", "method.queue_size=96"],
-     "train.accumulate (3) needs method.bn_groups (8) divisible by it and method.head_bn_groups true"),
+     "train.accumulate (3) needs config key 'method.bn_groups' (8) divisible by it"),
     ("simclr", ["--accumulate", "0"], "train.accumulate"),
 ])
 def test_micro_batches_that_cannot_be_cut_are_refused_in_one_line(method, extra, message, tmp_path):

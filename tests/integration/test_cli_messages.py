@@ -156,15 +156,32 @@ def test_the_device_error_names_the_flag(capsys, tmp_path):
 def test_nproc_says_what_it_launched_and_warns_on_more_threads_than_cores(tmp_path):
     from support.cli import cli_run
 
-    # 64 threads each: more than any CI machine's cores; each process then refuses data.size 8 for DINO in its
-    # plan, before any step (so the test never runs 128 threads) and the refusal is said once
-    r = cli_run(["train", "--nproc", "2", "--method", "dino", "--data", "shapes:32", "--epochs", "1", "--batch-size",
+    # 64 threads each: more than any CI machine's cores; each process then finds no data (rank 0 first, the other
+    # waiting for it), before any step (so the test never runs 128 threads), and the error is said once
+    missing = tmp_path / "no-such-folder"
+    r = cli_run(["train", "--nproc", "2", "--method", "dino", "--data", str(missing), "--epochs", "1", "--batch-size",
                  "16", "--out", str(tmp_path / "run"), "--no-progress", "--set", "encoder.width=0.125", "--set",
-                 "data.size=8", "--set", "train.num_threads=64"])
+                 "data.size=32", "--set", "train.num_threads=64"])
     assert r.returncode == 2, r.stderr
     assert "launching 2 processes on this node (torchrun, forkserver), 64 thread(s) each" in r.stdout
     assert "warning: 2 processes x 64 threads >" in r.stderr and "cores" in r.stderr
-    assert r.stderr.count("data.size 8 is too small for dino") == 1
+    assert r.stderr.count(f"error: dataset not found: {missing} does not exist") == 1, r.stderr
+    assert "Terminating process" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("method, setting, fragment", [
+    ("amdim", "data.size=24", "data.size 24 is too small for amdim"),
+    ("cpc", "data.size=32", "shapes:64 holds images, but this method trains on sequences; use --data sequences"),
+])
+def test_a_refusal_under_nproc_is_said_before_any_process_starts(method, setting, fragment, tmp_path):
+    """The plan's refusals (kontrast.decisions.decide, for N processes) are made once in the launcher: one line, no
+    launch line, no process started."""
+    from support.cli import cli_run
+
+    r = cli_run(["train", "--nproc", "2", "--method", method, "--data", "shapes:64", "--epochs", "1", "--batch-size",
+                 "16", "--out", str(tmp_path / "run"), "--no-progress", "--set", setting])
+    assert r.returncode == 2 and "launching" not in r.stdout, (r.stdout, r.stderr)
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()] and fragment in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("nproc, threads, remedies", [(3, 1, "use --nproc 2\n"),

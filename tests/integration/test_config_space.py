@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -21,8 +22,10 @@ import torch
 
 from kontrast.cli import main
 from kontrast.config import merge, parse_override
+from kontrast.decisions import decide, smallest_size
+from kontrast.errors import Refusal
 from kontrast.methods import METHODS
-from kontrast.methods.build import create_method, resolve, smallest_size
+from kontrast.methods.build import create_method, resolve
 from support.args import HANG_LIMIT
 from support.cli import cli_run
 from support.covering import all_pairs, covering_array, pairs_of
@@ -60,7 +63,7 @@ MULTISCALE = ("amdim", "yadim")
 def allowed(cell: dict) -> bool:
     if cell.get("method") in MULTISCALE and cell.get("encoder") == "vit_tiny":
         return False
-    if (cell.get("method") in IMAGE_METHODS and METHODS.get(cell["method"]).vit_only
+    if (cell.get("method") in IMAGE_METHODS and METHODS.get(cell["method"]).needs.vit
             and cell.get("encoder", "vit_tiny") != "vit_tiny"):
         return False  # iBOT masks patch tokens: a ResNet is refused in one line (tests/unit/methods/test_sizes.py)
     if cell.get("method") == "cpc_v2" and cell.get("encoder") == "resnet18-imagenet":
@@ -173,6 +176,18 @@ def train_args(cell: dict, data: Path, run: Path) -> list[str]:
     return args
 
 
+def cell_config(cell: dict) -> dict:
+    """The cell's configuration as its train command sets it (flags and ``--set`` items), on the built-in shapes."""
+    args = train_args(cell, Path("shapes"), Path("run"))
+    flags = dict(zip(args[1::2], args[2::2]))  # after "train": flag, value pairs; --set repeats (read below)
+    raw = {"method": {"name": cell["method"]}, "train": {"batch_size": int(flags["--batch-size"]),
+                                                         "accumulate": int(flags["--accumulate"])}}
+    for flag, item in zip(args, args[1:]):
+        if flag == "--set" and not item.startswith(("data.limit", "data.mode")):
+            raw = merge(raw, parse_override(item))
+    return raw
+
+
 def _cli(args: list[str], world: int, faults: str = "") -> tuple[int, str]:
     """The CLI in this process, as a user's command runs (``--nproc 2`` forks its two workers from it): the exit
     code and everything written to stderr, by this process or the workers."""
@@ -222,3 +237,21 @@ def test_cell_trains_resumes_and_embeds_or_refuses_in_one_line(cell, shapes_fold
     # the source's training sequences, or 10 + 2 images
     rows = max(2 * batch_of(cell), 8) if cell["method"] == "cpc" else 12
     assert feats.shape[0] == rows and feats.ndim == 2 and np.isfinite(feats).all()
+
+
+REFUSED_CELLS = [cell for cell in CELLS + SEQUENCE_CELLS if expected_refusal(cell)]
+
+
+@pytest.mark.parametrize("cell", REFUSED_CELLS, ids=cell_id)
+def test_a_refused_cell_advises_a_setting_the_plan_then_takes(cell):
+    """Every refusal the cells produce carries the setting it advises (kontrast.errors.Refusal); applied to the
+    cell's config, the run's decisions are made without refusal (the accepted cells show that such plans train)."""
+    raw, world = cell_config(cell), cell["world"]
+    with pytest.raises(Refusal, match=re.escape(expected_refusal(cell))) as refused:
+        decide(resolve(raw), world)
+    advice = dict(refused.value.advice)
+    assert advice, refused.value
+    world = advice.pop("nproc", world)
+    for key, value in advice.items():
+        raw = merge(raw, parse_override(f"{key}={'null' if value is None else value}"))
+    decide(resolve(raw), world)

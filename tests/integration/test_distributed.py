@@ -20,7 +20,7 @@ from support.args import HANG_LIMIT
 from support.cli import cli_run
 from support.sizes import rank_settings
 
-DISTRIBUTED = [name for name in METHODS.names() if METHODS.get(name).distributed]
+DISTRIBUTED = [name for name in METHODS.names() if METHODS.get(name).needs.processes]
 # Every comparison of runs here is within a floor measured beside it (tests/support/floors.py): the same run with its
 # weights nudged one ulp. The methods keep their own learning rates; what each setting below changes is said beside it,
 # and docs/lab/tolerances.md has the measured differences and floors.
@@ -108,7 +108,7 @@ def test_two_processes_equal_one_on_the_global_batch(name, tmp_path):
     # Under shuffling BN (MoCo v1/v2, InfoMin) each rank's BN running statistics follow its own groups, as each
     # GPU's do in MoCo's code; one process runs every group through the same layers. They never enter training
     # (batch statistics there); the checkpoint holds rank 0's.
-    own_groups = not METHODS.get(name).sync_bn
+    own_groups = not METHODS.get(name).needs.sync_bn
     floors.assert_runs_agree(tmp_path / "one", tmp_path / "two", tmp_path / "nudged", f"{name}: 2 ranks vs 1",
                              not own_groups)
 
@@ -243,17 +243,21 @@ def test_moco_bn_groups_must_divide_by_the_processes(tmp_path):
 
 
 def test_a_method_not_verified_across_ranks_is_refused(monkeypatch):
-    """A method joins the distributed set by setting ``distributed = True`` once it passes the test above."""
+    """A method joins the distributed set by declaring ``needs = Needs(processes=True)`` once it passes the test
+    above."""
+    import dataclasses
+
+    from kontrast.decisions import decide
     from kontrast.errors import UserError
     from kontrast.methods.build import resolve
-    from kontrast.train.distributed import check_world
 
-    monkeypatch.setattr(METHODS.get("simclr"), "distributed", False)
+    cls = METHODS.get("simclr")
+    monkeypatch.setattr(cls, "needs", dataclasses.replace(cls.needs, processes=False))
     cfg = resolve({"method": {"name": "simclr"}, "train": {"batch_size": 12}})
-    check_world(cfg, 1)  # one process: any method
+    decide(cfg, 1)  # one process: any method
     with pytest.raises(UserError,
                        match=r"^method 'simclr' does not run on several processes yet \(docs/distributed.md"):
-        check_world(cfg, 2)
+        decide(cfg, 2)
 
 
 def test_cpc_pools_must_not_span_processes(tmp_path):
@@ -261,7 +265,7 @@ def test_cpc_pools_must_not_span_processes(tmp_path):
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [
         "error: cpc_v2: config key 'method.negative_pool' (4) must divide the batch of each process (12 / 2 = 6) so "
-        "that no pool of negatives spans two processes; choose a negative_pool that divides it"]
+        "that no pool of samples spans two processes; choose a method.negative_pool that divides it (e.g. 3)"]
 
 
 def _faulty(out: Path, faults: str, *extra: str, flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:

@@ -16,9 +16,9 @@ MAX_FUNCTION_LINES = 60
 
 # The rooms from the top down: a module imports only from rooms below its own (or from its own room).
 LEVELS = {"cli": 0, "cli_args": 1, "kontrast": 2, "demo": 3, "bench": 3, "train": 4, "outputs": 4, "report": 4,
-          "theory": 4, "evaluate": 5, "methods": 6, "encoders": 7, "losses": 7, "extract": 7, "micro_batches": 7,
-          "data": 7, "augment": 8, "similarity": 8, "plotting": 8, "checkpoint": 8, "config": 9, "registry": 9,
-          "precision": 10, "errors": 11}
+          "theory": 4, "evaluate": 5, "methods": 6, "decisions": 6.5, "encoders": 7, "losses": 7, "extract": 7,
+          "micro_batches": 7, "data": 7, "augment": 8, "similarity": 8, "plotting": 8, "checkpoint": 8, "config": 9,
+          "registry": 9, "precision": 10, "errors": 11}
 LEVELS["plugins"] = 5.5  # methods from a user's file or an installed package: above methods, read by train and evaluate
 
 

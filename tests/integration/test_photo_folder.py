@@ -13,7 +13,8 @@ from torchvision.io import ImageReadMode, decode_image
 
 from kontrast.data import write_shapes_files
 from kontrast.data.native import native_side
-from kontrast.methods.build import auto_size, decide_size, resolve
+from kontrast.decisions import auto_size, decide
+from kontrast.methods.build import resolve
 from kontrast.outputs.export import load_backbone
 from support.args import ONE_CPU_THREAD, sets
 from support.cli import cli_run
@@ -49,14 +50,14 @@ def test_size_and_stem_follow_the_images_and_the_run_says_so(photo_run):
 def test_auto_size_rule():
     assert auto_size("shapes") == (32, auto_size("shapes")[1]) and "own side" in auto_size("shapes")[1]
     assert native_side("sequences") is None and auto_size("sequences")[0] == 32
-    small = decide_size(resolve({"data": {"source": "shapes"}}))[0]
-    assert (small.data.size, small.encoder.stem) == (32, "cifar")
-    set_by_user = decide_size(resolve({"data": {"size": 96}, "encoder": {"stem": "cifar"}}))
-    assert (set_by_user[0].data.size, set_by_user[0].encoder.stem, set_by_user[1]) == (96, "cifar", [])
-    vit = decide_size(resolve({"data": {"size": 96}, "encoder": {"name": "vit_tiny"}}))[0]
-    assert vit.encoder.stem is None  # no stem to choose
-    cpc = decide_size(resolve({"method": {"name": "cpc_v2"}, "data": {"size": 96}}))[0]
-    assert cpc.encoder.stem == "cifar"  # its encoder sees 8-px patches
+    small = decide(resolve({"data": {"source": "shapes"}}))
+    assert (small.size, small.stem, small.cfg.data.size, small.cfg.encoder.stem) == (32, "cifar", 32, "cifar")
+    set_by_user = decide(resolve({"data": {"size": 96}, "encoder": {"stem": "cifar"}}))
+    assert (set_by_user.size, set_by_user.stem, set_by_user.reasons) == (96, "cifar", ())
+    vit = decide(resolve({"data": {"size": 96}, "encoder": {"name": "vit_tiny"}}))
+    assert vit.stem is None and vit.is_vit and vit.patch_multiple == 8  # no stem to choose; 8-px patches at 96
+    cpc = decide(resolve({"method": {"name": "cpc_v2"}, "data": {"size": 96}}))
+    assert cpc.stem == "cifar"  # its encoder sees 8-px patches
 
 
 def test_a_large_photo_trains_at_96(tmp_path):

@@ -16,8 +16,9 @@ import yaml
 import kontrast.methods.build as build
 import kontrast.train.loop as loop
 from kontrast.checkpoint import read_run_config
+from kontrast.decisions import view_specs
 from kontrast.evaluate.run import load_run, run_views
-from kontrast.methods.build import resolve, view_specs
+from kontrast.methods.build import resolve
 from kontrast.train.plan import plan_run
 from support.args import TINY
 from support.cli import cli_run
@@ -127,7 +128,7 @@ def test_the_plan_is_kept_in_config_yaml_and_a_resume_keeps_its_decisions(tmp_pa
     cfg, method, ckpt = load_run(run)  # what the readers (eval, embed, export, report, diagnose) do
     recorded = [{k: tuple(x) if isinstance(x, list) else x for k, x in v.items()} for v in plan["views"]]
     assert [dataclasses.asdict(v) for v in run_views(ckpt, cfg, method)] == recorded  # read from the plan ...
-    assert [dataclasses.asdict(v) for v in view_specs(cfg, method)] == recorded  # ... which the config gives again
+    assert [dataclasses.asdict(v) for v in view_specs(cfg)] == recorded  # ... which the config gives again
     again = cli_run(["train", "--out", str(run), "--resume", "--epochs", "2", "--no-progress"])
     assert again.returncode == 0, again.stderr
     raw2, plan2 = read_run_config(run)
@@ -162,7 +163,7 @@ def test_readers_take_the_views_from_the_plan_and_recompute_them_for_a_run_witho
     assert run_views(ckpt, cfg, method)[0].mean == (0.5, 0.5, 0.5)
     del body["plan"]
     (run / "config.yaml").write_text(yaml.safe_dump(body, sort_keys=False))
-    assert run_views(ckpt, cfg, method) == view_specs(cfg, method)
+    assert run_views(ckpt, cfg, method) == view_specs(cfg)
 
 
 def test_the_plan_says_when_a_vits_small_crops_were_rounded_to_whole_patches():

@@ -15,7 +15,7 @@ def tiny_encoder(method: str) -> dict:
     """The tiny encoder section for ``method``: a ResNet, or a ViT where the method needs patch tokens."""
     from kontrast.methods import METHODS
 
-    return dict(TINY_VIT if METHODS.get(method).vit_only else TINY_ENCODER)
+    return dict(TINY_VIT if METHODS.get(method).needs.vit else TINY_ENCODER)
 TINY_SETTINGS = ["encoder.width=0.125", "data.size=16"]
 TINY = [arg for item in TINY_SETTINGS for arg in ("--set", item)] + ["--no-progress"]
 ONE_CPU_THREAD = ["train.num_threads=1", "train.device=cpu"]

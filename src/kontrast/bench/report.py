@@ -65,12 +65,14 @@ def _image_methods(opts: BenchOptions) -> list[str]:
 
 
 def _bench_config(opts: BenchOptions, method: str, setting: str):
-    from kontrast.methods.build import encoder_layers, resolve
+    from kontrast.decisions import decide, encoder_layers
+    from kontrast.methods.build import resolve
     from kontrast.precision import choose_precision
 
     raw = {"method": {"name": method}, "encoder": {"name": opts.encoder, "width": opts.width},
            "train": {"batch_size": opts.batch, "device": opts.device}}
-    precision, layout, _ = choose_precision(*NUMERICS[setting], opts.device, encoder_layers(resolve(raw)))
+    layers = encoder_layers(decide(resolve(raw)).encoder_args)
+    precision, layout, _ = choose_precision(*NUMERICS[setting], opts.device, layers)
     raw["train"].update(precision=precision, channels_last=layout)
     return resolve(raw)
 

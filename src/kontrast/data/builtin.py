@@ -25,7 +25,8 @@ def _is_shapes(source: str) -> bool:
     return source == "shapes" or source.startswith("shapes:")
 
 
-def _is_sequences(source: str) -> bool:
+def holds_sequences(source: str) -> bool:
+    """Whether ``source`` is the built-in sequences (the only source of float sequences, not images)."""
     return source == "sequences" or source.startswith("sequences:")
 
 
@@ -65,4 +66,4 @@ def _keys(kind: str, split: str, n: int) -> list[str]:
 
 
 SOURCES.register("shapes")(SourceKind(order=0, matches=_is_shapes, load=load_shapes))
-SOURCES.register("sequences")(SourceKind(order=0, matches=_is_sequences, load=load_sequences))
+SOURCES.register("sequences")(SourceKind(order=0, matches=holds_sequences, load=load_sequences))

@@ -1,7 +1,7 @@
 """The side of a source's images as stored, read from a few file headers: what ``data.size: auto`` follows.
 
 A folder of photos and CIFAR-10 want different training resolutions (and ResNet stems): the run plan asks
-:func:`native_side` and decides (:func:`kontrast.methods.build.auto_size`). Only headers are read (PIL opens an
+:func:`native_side` and decides (:func:`kontrast.decisions.auto_size`). Only headers are read (PIL opens an
 image lazily), of the first :data:`SAMPLED` image files in sorted path order (a tar's member order), so the
 answer costs milliseconds on any size of dataset and is the same on every process of a run.
 """

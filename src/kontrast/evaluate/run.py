@@ -10,13 +10,14 @@ from kontrast.checkpoint import RUN_CONFIG, STATE_FILE, latest_checkpoint, load_
 from kontrast.config import Config
 from kontrast.data import load_images
 from kontrast.data.cache import write_atomic
+from kontrast.decisions import check_inputs, view_specs
 from kontrast.errors import UserError
 from kontrast.evaluate.finetune import check_finetune_args, finetune_top1
 from kontrast.evaluate.options import DEFAULTS, EvalOptions
 from kontrast.evaluate.protocol import evaluate_encoder
 from kontrast.evaluate.zeroshot import supports_zeroshot, zeroshot_top1
 from kontrast.methods.base import Method
-from kontrast.methods.build import check_inputs, create_method, resolve, view_specs
+from kontrast.methods.build import create_method, resolve
 from kontrast.plugins import load_plugins
 
 EVAL_FILE = "eval.json"  # the latest `kontrast eval` of a run, inside it
@@ -55,7 +56,7 @@ def run_views(ckpt: Path, cfg: Config, method: Method) -> tuple[ViewSpec, ...]:
         return tuple(ViewSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in view.items()})
                      for view in plan["views"])
     except (KeyError, TypeError, ValueError):  # no plan, or one from another version of ViewSpec
-        return view_specs(cfg, method)
+        return view_specs(cfg)
 
 
 def _num_samples(ckpt: Path) -> int:
@@ -79,7 +80,7 @@ def evaluate_run(path: str | Path, data: str | None = None, options: EvalOptions
     source = data or cfg.data.source
     kw = dict(size=cfg.data.size, cache_dir=cfg.data.cache_dir, skip_bad_images=cfg.data.skip_bad_images)
     train, test = load_images(source, "train", **kw), load_images(source, "test", **kw)
-    check_inputs(method, train)
+    check_inputs(cfg, train)
     specs = run_views(ckpt, cfg, method)  # the recipe's normalisation; none for sequences
     spec = specs[0] if specs else None
     mean, std = (spec.mean, spec.std) if spec else (None, None)

@@ -23,7 +23,7 @@ from kontrast.errors import UserError
 from kontrast.extract import LocalProjection, positions
 from kontrast.losses import mi_bound, score_penalty
 from kontrast.losses.local import locations, positional_nce
-from kontrast.methods.base import Method, Progress, Ranks
+from kontrast.methods.base import Method, Needs, Progress, Ranks
 from kontrast.registry import METHODS
 from kontrast.similarity import scaled_dot, soft_clip
 
@@ -45,7 +45,7 @@ class AMDIM(Method):
     recipe = "amdim_cifar"
     Params = AMDIMParams
     defaults = {"encoder": {"name": "amdim"}, "optim": AMDIM_OPTIM}
-    distributed = True
+    needs = Needs(processes=True)
 
     def __init__(self, encoder, params: AMDIMParams, num_samples: int = 0, ranks: Ranks = Ranks()):
         if len(getattr(encoder, "map_dims", ())) < 3:

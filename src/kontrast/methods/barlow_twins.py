@@ -23,7 +23,7 @@ import torch
 from kontrast.config import checked
 from kontrast.extract import mlp
 from kontrast.losses import barlow_twins_loss
-from kontrast.methods.base import Method, Progress, Ranks, embedding_std
+from kontrast.methods.base import Method, Needs, Progress, Ranks, embedding_std
 from kontrast.registry import METHODS
 
 
@@ -40,7 +40,7 @@ class BarlowTwins(Method):
     description = "Barlow Twins: cross-correlation of two views pushed to the identity (Zbontar et al. 2021)"
     recipe = "byol_cifar"
     Params = BarlowTwinsParams
-    distributed = True  # C over the gathered global batch: every rank computes one process's loss
+    needs = Needs(processes=True)  # C over the gathered global batch: every rank computes one process's loss
     defaults = {"optim": {"name": "lars", "lars_clip": True, "lr": 0.3, "weight_decay": 1e-4, "warmup_epochs": 10.0},
                 "encoder": {"zero_init_residual": True}}  # the authors' ResNet(zero_init_residual=True)
 

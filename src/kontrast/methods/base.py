@@ -34,6 +34,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from kontrast.decisions import Needs
 from kontrast.micro_batches import batch_norms, in_micro_batches
 
 
@@ -110,6 +111,12 @@ class Ranks:
         return self.gather(x), self.own(x.shape[0])
 
 
+# what methods declared before `needs`, and where each went
+RETIRED_DECLARATIONS = {"distributed": "Needs(processes=True)", "vit_only": "Needs(vit=True)",
+                        "sync_bn": "Needs(sync_bn=False)", "check_world": "Needs(pool=..., bn_groups=...)",
+                        "encoder_side": "Needs(encoder_side=...)", "size_problem": "Needs(min_view=...)"}
+
+
 class Method(nn.Module):
     """Base class: holds ``encoder`` (what evaluation uses) and declares the recipe.
 
@@ -118,6 +125,9 @@ class Method(nn.Module):
     defaults) and optionally ``defaults`` (overrides of other config sections,
     e.g. BYOL's LARS optimizer) and ``vit_defaults`` (applied over them when the encoder is
     a ViT: DINO's and MoCo v3's ViT recipes; :func:`kontrast.methods.build.method_defaults`).
+    ``needs`` declares what the method needs from a run as data (:class:`~kontrast.decisions.Needs`: sequences
+    or images and how many views, a ViT only, several processes, labels, text, a pool of samples that divides the
+    batch, the smallest view); :func:`kontrast.decisions.decide` checks all of it in one place.
     A ``Params`` may define ``resolved(cfg)`` (its ``auto`` values decided from the config) and
     ``lines(cfg)`` (start-up lines saying what it decided). ``fixed_lr_modules`` names submodules whose
     learning rate stays at the peak instead of following the schedule (SimSiam's predictor).
@@ -133,12 +143,15 @@ class Method(nn.Module):
     vit_defaults: ClassVar[Mapping[str, Any]] = {}  # over `defaults` on a ViT encoder: the paper's ViT recipe
     vit_recipe: ClassVar[str] = ""  # where vit_defaults come from (said at start-up)
     fixed_lr_modules: tuple[str, ...] = ()
-    distributed: ClassVar[bool] = False  # True once the method computes the same on W ranks as on one
-                                         # (tests/integration/test_distributed.py)
-    vit_only: ClassVar[bool] = False  # the method works on patch tokens: ViT encoders only (iBOT's masks)
-    sync_bn: ClassVar[bool] = True  # train.sync_bn applies
-                                    # (False: the method keeps its own BN groups, MoCo's shuffling BN)
+    needs: ClassVar[Needs] = Needs()  # what it needs from a run, checked by kontrast.decisions.decide
     retired_state: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        old = [name for name in RETIRED_DECLARATIONS if name in vars(cls)]
+        if old:
+            raise TypeError(f"{cls.__name__} declares {', '.join(old)}: a method declares what it needs as "
+                            f"`needs = Needs(...)` ({RETIRED_DECLARATIONS[old[0]]})")
 
     def __init__(self, encoder: nn.Module, params: Any, num_samples: int = 0, ranks: Ranks = Ranks()):
         super().__init__()
@@ -168,27 +181,6 @@ class Method(nn.Module):
 
     def after_step(self, out: dict[str, torch.Tensor], progress: Progress) -> None:
         """Update stateful parts after the optimizer step from ``out`` (this step's ``training_step`` output)."""
-
-    @classmethod
-    def check_world(cls, params: Any, world: int, batch_size: int) -> None:
-        """Raise a UserError when ``params`` cannot run on ``world`` processes sharing a global batch of ``batch_size``
-        (checked before any process starts)."""
-
-    @classmethod
-    def encoder_side(cls, params: Any, size: int) -> int:
-        """The side of what the encoder sees when the run trains at ``data.size = size``: its views (CPC v2: its
-        patches). ``encoder.stem: auto`` follows it (:func:`kontrast.methods.build.auto_stem`)."""
-        return size
-
-    def size_problem(self, view_px: int) -> str | None:
-        """Why views whose smallest side is ``view_px`` pixels cannot be trained (None: they can).
-
-        The default asks the encoder (``encoder.min_size``, 1 when it has none: AMDIM's valid convolutions need
-        32 px); a method whose own structure needs more (CPC v2's patch grid) adds its limit.
-        """
-        need = getattr(self.encoder, "min_size", 1)
-        return f"its encoder takes views of at least {need} px, the smallest view is {view_px} px" \
-            if view_px < need else None
 
     def bind_data(self, data: Any) -> str | None:
         """Receive the training set (:class:`~kontrast.data.Samples`) once, before training.

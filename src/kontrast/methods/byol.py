@@ -24,7 +24,7 @@ import torch.nn as nn
 from kontrast.config import checked
 from kontrast.encoders.target import MomentumTarget, cosine_momentum
 from kontrast.extract import mlp, predictor
-from kontrast.methods.base import Method, Progress, Ranks, embedding_std
+from kontrast.methods.base import Method, Needs, Progress, Ranks, embedding_std
 from kontrast.registry import METHODS
 from kontrast.similarity import paired_cosine
 
@@ -40,7 +40,7 @@ class BYOL(Method):
     description = "BYOL: online predictor regresses an EMA target, no negatives (Grill et al. 2020)"
     recipe = "byol"
     Params = BYOLParams
-    distributed = True  # no cross-rank samples in the loss: global BN and averaged gradients suffice
+    needs = Needs(processes=True)  # no cross-rank samples in the loss: global BN and averaged gradients suffice
     defaults = {"optim": {"name": "lars", "lars_clip": True, "lr": 1.0, "weight_decay": 1e-5, "warmup_epochs": 10.0}}
 
     def __init__(self, encoder, params: BYOLParams, num_samples: int = 0, ranks: Ranks = Ranks()):

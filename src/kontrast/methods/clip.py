@@ -23,7 +23,7 @@ from kontrast.data.captions import captions_for
 from kontrast.encoders.text import TextTransformer, tokenize
 from kontrast.errors import UserError
 from kontrast.losses import info_nce, symmetric_info_nce
-from kontrast.methods.base import Method, Progress, Ranks, embedding_std
+from kontrast.methods.base import Method, Needs, Progress, Ranks, embedding_std
 from kontrast.registry import METHODS
 from kontrast.similarity import cosine
 
@@ -80,7 +80,8 @@ class CLIP(ImageTextPairs):
     description = "CLIP: image and text encoders, symmetric InfoNCE over pairs (Radford et al. 2021)"
     recipe = "clip"
     Params = CLIPParams
-    distributed = True  # each rank scores its pairs against every rank's (gathered, with gradient)
+    # each rank scores its pairs against every rank's (gathered, with gradient)
+    needs = Needs(views=1, text=True, processes=True)
     defaults = {"optim": {"name": "adamw", "lr": 5e-4, "weight_decay": 0.2, "betas": [0.9, 0.98],
                           "warmup_epochs": 1.0}}
 

@@ -21,7 +21,7 @@ from kontrast.errors import UserError
 from kontrast.extract import GRUContext, PooledContext
 from kontrast.losses import info_nce, mi_bound
 from kontrast.losses.local import negative_pools
-from kontrast.methods.base import Method, Progress, Ranks
+from kontrast.methods.base import Method, Needs, Progress, Ranks
 from kontrast.registry import METHODS
 from kontrast.similarity import bilinear
 
@@ -33,15 +33,6 @@ class CPCParams:
     negative_pool: int = checked(8, ge=1)  # sequences whose steps are each other's negatives (bounds the score matrix)
 
 
-def check_pools(name: str, pool: int, world: int, batch_size: int) -> None:
-    """On W ranks each rank forms its own negative pools from its B/W items; they are the global batch's pools
-    (and need no communication) when the pool size divides B/W."""
-    if world > 1 and (batch_size // world) % pool:
-        raise UserError(f"{name}: config key 'method.negative_pool' ({pool}) must divide the batch of each process "
-                        f"({batch_size} / {world} = {batch_size // world}) so that no pool of negatives spans two "
-                        "processes; choose a negative_pool that divides it")
-
-
 @METHODS.register("cpc")
 class CPC(Method):
     description = ("CPC v1: conv g_enc + GRU g_ar on sequences, bilinear z^T W_k c per step, InfoNCE "
@@ -50,7 +41,8 @@ class CPC(Method):
     Params = CPCParams
     defaults = {"data": {"source": "sequences"}, "encoder": {"name": "conv1d"},
                 "optim": {"name": "adamw", "lr": 2e-4, "lr_batch": 64, "weight_decay": 0.0}}
-    distributed = True  # pools of negative_pool sequences never span ranks (check_world): no communication
+    # pools of negative_pool sequences never span processes (each process's share divides by it): no communication
+    needs = Needs(processes=True, pool="negative_pool")
 
     def __init__(self, encoder, params: CPCParams, num_samples: int = 0, ranks: Ranks = Ranks()):
         if not hasattr(encoder, "forward_sequence"):
@@ -60,10 +52,6 @@ class CPC(Method):
         # one W_k per step: [K, D_z, D_c]; near zero at start, so candidates score alike and the loss starts at ~log N
         self.predictors = nn.Parameter(torch.randn(params.steps, encoder.dim, params.context_dim)
                                        * 0.01 / params.context_dim**0.5)
-
-    @classmethod
-    def check_world(cls, params: CPCParams, world: int, batch_size: int) -> None:
-        check_pools("cpc", params.negative_pool, world, batch_size)
 
     def training_step(self, views: list[torch.Tensor], indices: torch.Tensor | None = None,
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:

@@ -16,15 +16,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from kontrast.augment.patches import grid_size
 from kontrast.config import checked
 from kontrast.encoders.patches import PatchGridEncoder
 from kontrast.errors import UserError
 from kontrast.extract import GridContext, positions
 from kontrast.losses import info_nce, mi_bound
 from kontrast.losses.local import negative_pools
-from kontrast.methods.base import Method, Progress, Ranks
-from kontrast.methods.cpc import check_pools
+from kontrast.methods.base import Method, Needs, Progress, Ranks
 from kontrast.registry import METHODS
 from kontrast.similarity import bilinear
 
@@ -39,6 +37,11 @@ class CPCV2Params:
     max_offset: int = checked(3, ge=1)  # the farthest row below that is predicted
     negative_pool: int = checked(32, ge=1)  # images whose patches are each other's negatives
 
+    @property
+    def smallest_view(self) -> int:
+        """The smallest view whose patch grid has more rows than ``max_offset`` (a row to predict below each)."""
+        return self.patch_size + self.patch_stride * self.max_offset
+
 
 @METHODS.register("cpc_v2")
 class CPCV2(Method):
@@ -47,7 +50,8 @@ class CPCV2(Method):
     recipe = "cpc_v2_cifar"
     Params = CPCV2Params
     defaults = {"optim": {"name": "adamw", "lr": 2e-4, "weight_decay": 0.0}}
-    distributed = True  # pools of negative_pool images never span ranks (check_world): no communication
+    # pools of negative_pool images never span processes: no communication; the encoder sees one patch at a time
+    needs = Needs(views=1, processes=True, pool="negative_pool", encoder_side="patch_size", min_view="smallest_view")
 
     def __init__(self, encoder, params: CPCV2Params, num_samples: int = 0, ranks: Ranks = Ranks()):
         if not 1 <= params.min_offset <= params.max_offset:
@@ -58,25 +62,6 @@ class CPCV2(Method):
         n = params.max_offset - params.min_offset + 1
         # W_k: [K, D_z, D_c]; small: loss starts at ~log N
         self.predictors = nn.Parameter(torch.randn(n, d, d) * 0.01 / d**0.5)
-
-    @classmethod
-    def check_world(cls, params: CPCV2Params, world: int, batch_size: int) -> None:
-        check_pools("cpc_v2", params.negative_pool, world, batch_size)
-
-    @classmethod
-    def encoder_side(cls, params: CPCV2Params, size: int) -> int:
-        return params.patch_size  # the encoder sees one patch at a time
-
-    def size_problem(self, view_px: int) -> str | None:
-        p = self.params
-        rows = grid_size(view_px, p.patch_size, p.patch_stride) if view_px >= p.patch_size else 0
-        if rows <= p.max_offset:
-            return (f"its patch grid ({p.patch_size}-px patches at stride {p.patch_stride}) has {rows} rows, "
-                    f"need more than method.max_offset={p.max_offset}")
-        need = getattr(self.encoder.encoder, "min_size", 1)  # the encoder sees one patch at a time
-        if p.patch_size < need:
-            return f"its encoder takes patches of at least {need} px, method.patch_size is {p.patch_size}"
-        return None
 
     def _grid_and_context(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Patch codes z and contexts c, [B, D, gh, gw] each; row i of c sees rows <= i of z."""

@@ -23,7 +23,7 @@ from kontrast.config import checked
 from kontrast.encoders.multicrop import encode_views
 from kontrast.errors import UserError
 from kontrast.losses import dino_loss, target_statistics, teacher_distribution, update_centre
-from kontrast.methods.base import Progress, Ranks, embedding_std
+from kontrast.methods.base import Needs, Progress, Ranks, embedding_std
 from kontrast.methods.self_distillation import SelfDistillation, SelfDistillationParams
 from kontrast.precision import float32
 from kontrast.registry import METHODS
@@ -46,7 +46,7 @@ class DINO(SelfDistillation):
     description = "DINO: a student matches a centred, sharpened EMA teacher over multi-crop views (Caron et al. 2021)"
     recipe = "dino_multicrop"
     Params = DINOParams
-    distributed = True  # local loss per rank; the centre from every rank's teacher outputs
+    needs = Needs(processes=True)  # local loss per rank; the centre from every rank's teacher outputs
     defaults = {"optim": {"name": "lars", "lars_clip": True, "lr": 0.3, "weight_decay": 1e-6, "warmup_epochs": 10.0}}
     vit_recipe = "the authors' main_dino.py for ViT-S"
     vit_defaults = {"optim": {"name": "adamw", "lr": 5e-4, "lr_batch": 256, "warmup_epochs": 10.0, "min_lr": 1e-6,

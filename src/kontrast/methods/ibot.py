@@ -37,7 +37,7 @@ from kontrast.losses import target_statistics
 from kontrast.losses.distillation import masked_patch_loss
 from kontrast.losses.koleo import koleo
 from kontrast.losses.swav import sinkhorn, swapped_prediction
-from kontrast.methods.base import Progress, Ranks, embedding_std, step_generator
+from kontrast.methods.base import Needs, Progress, Ranks, embedding_std, step_generator
 from kontrast.methods.self_distillation import SelfDistillation, SelfDistillationParams
 from kontrast.precision import float32
 from kontrast.registry import METHODS
@@ -69,8 +69,8 @@ class IBOT(SelfDistillation):
                    "(Zhou et al. 2022)")
     recipe = "dino_multicrop"
     Params = IBOTParams
-    vit_only = True  # masked patch tokens (a ResNet is refused before the run: methods/build.py)
-    distributed = True  # masks drawn for the global batch; Sinkhorn codes and KoLeo over every rank's tokens
+    # masks drawn for the global batch; Sinkhorn codes and KoLeo over every rank's tokens
+    needs = Needs(vit=True, processes=True)
     defaults = {"optim": {"name": "adamw", "lr": 5e-4, "lr_batch": 256, "warmup_epochs": 10.0, "min_lr": 1e-6,
                           "weight_decay": 0.04, "weight_decay_end": 0.4, "clip_grad": 3.0},
                 "encoder": {"name": "vit_small", "drop_path": 0.1}}

@@ -35,7 +35,7 @@ from kontrast.config import checked
 from kontrast.errors import UserError
 from kontrast.extract import mlp
 from kontrast.losses import MemoryBank, estimate_log_z, nce_loss
-from kontrast.methods.base import Method, Progress, Ranks, embedding_std
+from kontrast.methods.base import Method, Needs, Progress, Ranks, embedding_std
 from kontrast.precision import at_least_float32
 from kontrast.registry import METHODS
 
@@ -56,7 +56,8 @@ class InstDisc(Method):
     description = "InstDisc: memory bank of every image, NCE over noise samples from it (Wu et al. 2018)"
     recipe = "instdisc"
     Params = InstDiscParams
-    distributed = True  # noise drawn alike on every rank (same generator state); every rank's bank updates
+    # noise drawn alike on every rank (same generator state); every rank's bank updates
+    needs = Needs(views=1, processes=True)
     defaults = {"optim": {"lr": 0.03, "lr_batch": 128, "weight_decay": 5e-4}}
 
     def __init__(self, encoder, params: InstDiscParams, num_samples: int = 0, ranks: Ranks = Ranks()):

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from kontrast.errors import UserError
 from kontrast.extract import mlp
 from kontrast.losses import mi_bound, two_view_info_nce
-from kontrast.methods.base import Method, Progress, Ranks, embedding_std
+from kontrast.methods.base import Method, Needs, Progress, Ranks, embedding_std
 from kontrast.registry import METHODS
 from kontrast.similarity import concat_sum_scores, kernel_scores, simple_sum_scores
 
@@ -71,7 +71,7 @@ class KernelInfoNCE(Method):
     description = "Kernel-InfoNCE: InfoNCE with Gaussian/Laplacian kernels and their mixtures (Tan et al. 2024)"
     recipe = "simclr_cifar"
     Params = KernelInfoNCEParams
-    distributed = True
+    needs = Needs(processes=True)
     # SimCLR's optimizer
     defaults = {"optim": {"name": "sgd", "lr": 0.06, "lr_batch": 256, "momentum": 0.9, "weight_decay": 5e-4}}
 

@@ -18,13 +18,11 @@ from dataclasses import dataclass
 
 import torch
 
-from kontrast.augment import view_count
 from kontrast.config import checked
 from kontrast.encoders.multicrop import encode_views
-from kontrast.errors import UserError
 from kontrast.extract import mlp
 from kontrast.losses.gaussian import lejepa_loss, unit_directions
-from kontrast.methods.base import Method, Progress, Ranks, embedding_std, step_generator
+from kontrast.methods.base import Method, Needs, Progress, Ranks, embedding_std, step_generator
 from kontrast.precision import float32
 from kontrast.registry import METHODS
 
@@ -39,11 +37,10 @@ class LeJEPAParams:
     knots: int = checked(17, ge=2)  # trapezoidal points on [0, t_max]
     global_views: int = checked(2, ge=1)  # the first views of the recipe are the global crops (mu's source)
 
-    def validate(self, cfg) -> None:
-        count = view_count(cfg.augment.recipe or LeJEPA.recipe, cfg.augment.views)
-        if count < 2 or self.global_views > count:
-            raise UserError(f"lejepa needs at least 2 views and method.global_views={self.global_views} of them; the "
-                            f"recipe gives {count} (use augment.recipe dino_multicrop, or set augment.views)")
+    @property
+    def views_needed(self) -> int:
+        """Views a step compares: the ``global_views`` global crops, and at least 2."""
+        return max(2, self.global_views)
 
 
 @METHODS.register("lejepa")
@@ -52,7 +49,8 @@ class LeJEPA(Method):
                    "(Balestriero & LeCun 2025)")
     recipe = "dino_multicrop"
     Params = LeJEPAParams
-    distributed = True  # every rank's embeddings gathered: SIGReg's characteristic function over the global batch
+    # every rank's embeddings gathered: SIGReg's characteristic function over the global batch
+    needs = Needs(views="views_needed", processes=True)
     defaults = {"optim": {"name": "adamw", "lr": 5e-4, "weight_decay": 0.05, "warmup_epochs": 10.0}}
 
     def __init__(self, encoder, params: LeJEPAParams, num_samples: int = 0, ranks: Ranks = Ranks()):

@@ -22,7 +22,7 @@ from kontrast.config import checked
 from kontrast.encoders.target import MomentumTarget, cosine_momentum
 from kontrast.extract import mlp
 from kontrast.losses.capacity import manifold_capacity
-from kontrast.methods.base import Method, Progress, Ranks, embedding_std
+from kontrast.methods.base import Method, Needs, Progress, Ranks, embedding_std
 from kontrast.precision import float32
 from kontrast.registry import METHODS
 
@@ -42,7 +42,8 @@ class MMCR(Method):
     description = "MMCR: maximise the nuclear norm of the views' centroids, many views (Yerxa et al. 2023)"
     recipe = "mmcr_cifar"
     Params = MMCRParams
-    distributed = True  # every rank's centroids gathered: the nuclear norm over the global batch on every rank
+    # every rank's centroids gathered: the nuclear norm over the global batch on every rank
+    needs = Needs(processes=True)
     defaults = {"optim": {"name": "adamw", "lr": 1e-3, "weight_decay": 1e-6, "warmup_epochs": 2.0}}
 
     def __init__(self, encoder, params: MMCRParams, num_samples: int = 0, ranks: Ranks = Ranks()):

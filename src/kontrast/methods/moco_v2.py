@@ -28,7 +28,7 @@ from kontrast.encoders.target import MomentumTarget
 from kontrast.errors import UserError
 from kontrast.extract import mlp
 from kontrast.losses import Queue, mi_bound, moco_loss
-from kontrast.methods.base import Method, Progress, Ranks, embedding_std
+from kontrast.methods.base import Method, Needs, Progress, Ranks, embedding_std
 from kontrast.registry import METHODS
 
 
@@ -46,21 +46,15 @@ class MoCoV2Params:
     # the whole view (lightly's SplitBatchNorm sits in the backbone only; one process only)
 
     def validate(self, cfg) -> None:
-        """The queue must hold at least one step's keys, and each BN group (per view) needs 2 samples."""
+        """The queue must hold at least one step's keys; micro-batches need the head's BN in groups too."""
         keys = cfg.train.batch_size * (2 if self.symmetric else 1)
         if self.queue_size < keys:
             raise UserError(f"config key 'method.queue_size' ({self.queue_size}) is smaller than the keys pushed "
                             f"per step ({keys} = batch {cfg.train.batch_size}"
                             f"{' x 2 views' if self.symmetric else ''}); raise it or lower the batch size")
-        if self.bn_groups % cfg.train.accumulate or (cfg.train.accumulate > 1 and not self.head_bn_groups):
-            raise UserError(f"train.accumulate ({cfg.train.accumulate}) needs method.bn_groups ({self.bn_groups}) "
-                            "divisible by it and method.head_bn_groups true: each micro-batch forwards bn_groups / "
-                            "accumulate BN groups through the whole network, as a process does")
-        if cfg.train.batch_size < 2 * self.bn_groups:
-            raise UserError(f"config key 'method.bn_groups' ({self.bn_groups}) needs 2 samples per BN group, so "
-                            f"a batch of at least {2 * self.bn_groups}; got {cfg.train.batch_size}: "
-                            f"lower method.bn_groups to {max(1, cfg.train.batch_size // 2)} or less, "
-                            "or raise the batch size")
+        if cfg.train.accumulate > 1 and not self.head_bn_groups:  # (the groups themselves: kontrast.decisions)
+            raise UserError(f"train.accumulate ({cfg.train.accumulate}) needs method.head_bn_groups true: each "
+                            "micro-batch forwards its BN groups through the whole network, as a process does")
 
 
 @METHODS.register("moco_v2")
@@ -68,8 +62,9 @@ class MoCoV2(Method):
     description = "MoCo v2: momentum encoder, queue of negatives, MLP head (Chen et al. 2020)"
     recipe = "moco_v2"
     Params = MoCoV2Params
-    distributed = True
-    sync_bn = False  # shuffling BN: per-group statistics, the groups spread over the ranks (encoders/batchnorm.py)
+    # several processes with the head's BN in groups too; shuffling BN: per-group statistics, the groups spread over
+    # the processes (encoders/batchnorm.py), so train.sync_bn does not apply
+    needs = Needs(processes="head_bn_groups", sync_bn=False, bn_groups="bn_groups")
     defaults = {"optim": {"name": "sgd", "lr": 0.06, "lr_batch": 256, "momentum": 0.9, "weight_decay": 5e-4}}
 
     def __init__(self, encoder, params: MoCoV2Params, num_samples: int = 0, ranks: Ranks = Ranks()):
@@ -78,15 +73,6 @@ class MoCoV2(Method):
         self.projector = mlp([encoder.dim, *hidden, params.proj_dim], norm=params.proj_bn)
         self.target = MomentumTarget(self._online())
         self.queue = Queue(params.queue_size, params.proj_dim)
-
-    @classmethod
-    def check_world(cls, params: MoCoV2Params, world: int, batch_size: int) -> None:
-        if world > 1 and not params.head_bn_groups:
-            raise UserError("config key 'method.head_bn_groups' false runs on one process only (the head's BN would "
-                            "see one rank's share of the view); set it to true or drop --nproc")
-        if params.bn_groups % world:
-            raise UserError(f"config key 'method.bn_groups' ({params.bn_groups}) must divide by the number of "
-                            f"processes ({world}): each process forwards bn_groups / {world} BN groups")
 
     def _online(self) -> nn.Module:
         return nn.Sequential(self.encoder, self.projector)

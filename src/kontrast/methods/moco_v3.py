@@ -27,7 +27,7 @@ import torch.nn as nn
 from kontrast.encoders.target import MomentumTarget, cosine_momentum
 from kontrast.extract import mlp, predictor
 from kontrast.losses import info_nce, mi_bound
-from kontrast.methods.base import Method, Progress, Ranks, embedding_std
+from kontrast.methods.base import Method, Needs, Progress, Ranks, embedding_std
 from kontrast.registry import METHODS
 from kontrast.similarity import CosineScores
 
@@ -56,7 +56,7 @@ class MoCoV3(Method):
     description = "MoCo v3: momentum encoder + predictor, symmetric in-batch InfoNCE, no queue (Chen et al. 2021)"
     recipe = "byol"
     Params = MoCoV3Params
-    distributed = True
+    needs = Needs(processes=True)
     defaults = {"optim": {"name": "lars", "lars_clip": True, "lr": 0.3, "weight_decay": 1e-6, "warmup_epochs": 10.0}}
     vit_recipe = "the paper's ViT recipe, moco-v3's CONFIG.md"
     vit_defaults = {"optim": {"name": "adamw", "lr": 1.5e-4, "lr_batch": 256, "weight_decay": 0.1,

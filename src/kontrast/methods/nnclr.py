@@ -24,7 +24,7 @@ from kontrast.config import checked
 from kontrast.errors import UserError
 from kontrast.extract import mlp, nearest_neighbours, predictor
 from kontrast.losses import Queue, info_nce, mi_bound
-from kontrast.methods.base import Method, Progress, Ranks, embedding_std
+from kontrast.methods.base import Method, Needs, Progress, Ranks, embedding_std
 from kontrast.registry import METHODS
 from kontrast.similarity import CosineScores
 
@@ -47,7 +47,7 @@ class NNCLR(Method):
     description = "NNCLR: nearest neighbour from a support queue as the positive, predictor (Dwibedi et al. 2021)"
     recipe = "byol_cifar"
     Params = NNCLRParams
-    distributed = True
+    needs = Needs(processes=True)
     defaults = {"optim": {"name": "lars", "lars_clip": True, "lr": 0.4, "weight_decay": 1e-5, "warmup_epochs": 10.0}}
 
     def __init__(self, encoder, params: NNCLRParams, num_samples: int = 0, ranks: Ranks = Ranks()):

@@ -27,7 +27,7 @@ from kontrast.config import checked
 from kontrast.data.captions import captions_for
 from kontrast.errors import UserError
 from kontrast.losses.sigmoid import sigmoid_pair_loss
-from kontrast.methods.base import Progress, Ranks, embedding_std
+from kontrast.methods.base import Needs, Progress, Ranks, embedding_std
 from kontrast.methods.clip import ImageTextPairs, text_transformer
 from kontrast.registry import METHODS
 
@@ -44,6 +44,16 @@ class SigLIPParams:
     text_heads: int = checked(4, ge=1)  # attention heads of the text transformer
     caption_seed: int = checked(0, ge=0)  # template choice when captions are made from labels
 
+    @property
+    def reads_text(self) -> bool:
+        """Image-caption pairs read a caption per image; two views of one image read none."""
+        return self.pairs == "text"
+
+    @property
+    def views_needed(self) -> int:
+        """One view against its caption, or two views of one image."""
+        return 1 if self.reads_text else 2
+
     def validate(self, cfg) -> None:
         if self.pairs == "views" and not cfg.augment.recipe:
             raise UserError("method.pairs=views trains on two image views: set augment.recipe to a two-view recipe "
@@ -56,7 +66,8 @@ class SigLIP(ImageTextPairs):
                    "(Zhai et al. 2023)")
     recipe = "clip"
     Params = SigLIPParams
-    distributed = True  # texts passed around the ring, chunk by chunk (Ranks.pass_on)
+    # texts passed around the ring, chunk by chunk (Ranks.pass_on)
+    needs = Needs(views="views_needed", text="reads_text", processes=True)
     defaults = {"optim": {"name": "adamw", "lr": 1e-3, "weight_decay": 1e-4, "betas": [0.9, 0.95],
                           "warmup_epochs": 1.0}}
 

@@ -22,7 +22,7 @@ import torch.nn as nn
 from kontrast.config import checked
 from kontrast.extract import mlp
 from kontrast.losses import mi_bound, nt_xent
-from kontrast.methods.base import Method, Progress, Ranks, embedding_std
+from kontrast.methods.base import Method, Needs, Progress, Ranks, embedding_std
 from kontrast.registry import METHODS
 
 VIEW_BN = ("per_view", "joint")
@@ -60,7 +60,7 @@ class SimCLR(Method):
     description = "SimCLR v1: two views, in-batch negatives, NT-Xent (Chen et al. 2020)"
     recipe = "simclr_cifar"
     Params = SimCLRParams
-    distributed = True
+    needs = Needs(processes=True)
     defaults = {"optim": {"name": "sgd", "lr": 0.06, "lr_batch": 256, "momentum": 0.9, "weight_decay": 5e-4}}
 
     def __init__(self, encoder, params: SimCLRParams, num_samples: int = 0, ranks: Ranks = Ranks()):

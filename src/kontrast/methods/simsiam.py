@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from kontrast.extract import mlp, predictor
-from kontrast.methods.base import Method, Progress, Ranks, embedding_std
+from kontrast.methods.base import Method, Needs, Progress, Ranks, embedding_std
 from kontrast.registry import METHODS
 from kontrast.similarity import paired_cosine
 
@@ -42,7 +42,7 @@ class SimSiam(Method):
     description = "SimSiam: predictor + stop-gradient, symmetric negative cosine, no negatives (Chen & He 2021)"
     recipe = "simsiam_cifar"
     Params = SimSiamParams
-    distributed = True  # no cross-rank samples in the loss: global BN and averaged gradients suffice
+    needs = Needs(processes=True)  # no cross-rank samples in the loss: global BN and averaged gradients suffice
     defaults = {"optim": {"lr": 0.03, "weight_decay": 5e-4}, "encoder": {"zero_init_residual": True}}
 
     def __init__(self, encoder, params: SimSiamParams, num_samples: int = 0, ranks: Ranks = Ranks()):

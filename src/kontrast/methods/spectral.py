@@ -17,7 +17,7 @@ import torch
 from kontrast.extract import mlp
 from kontrast.losses import spectral_loss_from_scores
 from kontrast.losses.spectral import clip_norm
-from kontrast.methods.base import Method, Progress, Ranks, embedding_std
+from kontrast.methods.base import Method, Needs, Progress, Ranks, embedding_std
 from kontrast.registry import METHODS
 
 
@@ -31,7 +31,7 @@ class Spectral(Method):
     description = "Spectral contrastive loss: contrastive learning as spectral clustering (HaoChen et al. 2021)"
     recipe = "simclr_cifar"
     Params = SpectralParams
-    distributed = True  # the negatives' squared scores against every rank's second views (gathered)
+    needs = Needs(processes=True)  # the negatives' squared scores against every rank's second views (gathered)
     defaults = {"optim": {"lr": 0.03, "weight_decay": 5e-4, "warmup_epochs": 10.0}}
 
     def __init__(self, encoder, params: SpectralParams, num_samples: int = 0, ranks: Ranks = Ranks()):

@@ -21,7 +21,7 @@ from kontrast.config import checked
 from kontrast.errors import UserError
 from kontrast.losses import mi_bound
 from kontrast.losses.supervised import supervised_contrastive
-from kontrast.methods.base import Method, Progress, Ranks, embedding_std
+from kontrast.methods.base import Method, Needs, Progress, Ranks, embedding_std
 from kontrast.methods.simclr import embed_views, projection_head
 from kontrast.registry import METHODS
 
@@ -39,7 +39,7 @@ class SupCon(Method):
     description = "SupCon: every same-class view in the batch is a positive, L_out (Khosla et al. 2020)"
     recipe = "simclr_cifar"
     Params = SupConParams
-    distributed = True  # anchors of this rank against every rank's views and labels (gathered)
+    needs = Needs(labels=True, processes=True)  # anchors of this rank against every rank's views and labels (gathered)
     defaults = {"optim": {"name": "sgd", "lr": 0.125, "lr_batch": 256, "momentum": 0.9, "weight_decay": 1e-4}}
 
     def __init__(self, encoder, params: SupConParams, num_samples: int = 0, ranks: Ranks = Ranks()):

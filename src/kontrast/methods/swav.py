@@ -27,11 +27,10 @@ import torch.nn.functional as F
 
 from kontrast.config import checked
 from kontrast.encoders.multicrop import encode_views
-from kontrast.errors import UserError
 from kontrast.extract import Prototypes, mlp
 from kontrast.losses import Queue
 from kontrast.losses.swav import sinkhorn, swapped_prediction
-from kontrast.methods.base import Method, Progress, Ranks, embedding_std
+from kontrast.methods.base import Method, Needs, Progress, Ranks, embedding_std
 from kontrast.precision import at_least_float32, float32
 from kontrast.registry import METHODS
 
@@ -49,14 +48,10 @@ class SwAVParams:
     freeze_prototypes_epochs: float = checked(2.0, ge=0)  # epochs during which the prototypes get no gradient
     global_views: int = checked(2, ge=1)  # the first views of the recipe are the global crops (the codes' source)
 
-    def validate(self, cfg) -> None:
-        """The recipe must give at least 2 views, the first ``global_views`` of them global crops."""
-        from kontrast.augment import view_count
-
-        n_views = view_count(cfg.augment.recipe or SwAV.recipe, cfg.augment.views)
-        if n_views < 2 or self.global_views > n_views:
-            raise UserError(f"swav needs at least 2 views and method.global_views={self.global_views} of them; the "
-                            f"recipe gives {n_views} (use augment.recipe swav_multicrop or swav_global)")
+    @property
+    def views_needed(self) -> int:
+        """Views a step compares: the ``global_views`` global crops, and at least 2."""
+        return max(2, self.global_views)
 
 
 @METHODS.register("swav")
@@ -65,7 +60,8 @@ class SwAV(Method):
     recipe = "swav_multicrop"
     Params = SwAVParams
     defaults = {"optim": {"name": "lars", "lars_clip": True, "lr": 0.6, "weight_decay": 1e-6, "warmup_epochs": 10.0}}
-    distributed = True  # the transport over every rank's samples (gathered scores), the queue of every rank's
+    # the transport over every rank's samples (gathered scores), the queue of every rank's
+    needs = Needs(views="views_needed", processes=True)
     retired_state = ("steps",)  # the step counter older versions kept; epochs now come from progress
 
     def __init__(self, encoder, params: SwAVParams, num_samples: int = 0, ranks: Ranks = Ranks()):

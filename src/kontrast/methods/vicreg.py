@@ -24,7 +24,7 @@ import torch
 from kontrast.config import checked
 from kontrast.extract import mlp
 from kontrast.losses import vicreg_loss
-from kontrast.methods.base import Method, Progress, Ranks, embedding_std
+from kontrast.methods.base import Method, Needs, Progress, Ranks, embedding_std
 from kontrast.registry import METHODS
 
 
@@ -44,7 +44,7 @@ class VICReg(Method):
     description = "VICReg: invariance with variance and covariance regularisation, no negatives (Bardes et al. 2022)"
     recipe = "byol_cifar"
     Params = VICRegParams
-    distributed = True  # every term over the gathered global batch: every rank computes one process's loss
+    needs = Needs(processes=True)  # every term over the gathered global batch: every rank computes one process's loss
     defaults = {"optim": {"name": "lars", "lars_clip": True, "lr": 0.3, "weight_decay": 1e-4, "warmup_epochs": 10.0},
                 "encoder": {"zero_init_residual": True}}  # the authors' ResNet(zero_init_residual=True)
 

@@ -25,7 +25,7 @@ from kontrast.extract import LocalProjection
 from kontrast.losses import mi_bound, score_penalty
 from kontrast.losses.local import locations, positional_nce
 from kontrast.methods.amdim import AMDIM_OPTIM
-from kontrast.methods.base import Method, Progress, Ranks
+from kontrast.methods.base import Method, Needs, Progress, Ranks
 from kontrast.registry import METHODS
 from kontrast.similarity import scaled_dot, soft_clip
 
@@ -41,7 +41,7 @@ class YADIM(Method):
     recipe = "yadim"
     Params = YADIMParams
     defaults = {"encoder": {"name": "amdim"}, "optim": AMDIM_OPTIM}
-    distributed = True
+    needs = Needs(processes=True)
 
     def __init__(self, encoder, params: YADIMParams, num_samples: int = 0, ranks: Ranks = Ranks()):
         super().__init__(encoder, params, num_samples, ranks)

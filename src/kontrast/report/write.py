@@ -17,10 +17,10 @@ import yaml
 from kontrast.checkpoint import read_run_config
 from kontrast.config import Config, to_dict
 from kontrast.data import Samples
+from kontrast.decisions import decide
 from kontrast.errors import UserError
 from kontrast.evaluate.features import extract_features
 from kontrast.evaluate.run import EVAL_FILE, load_run, run_views
-from kontrast.methods.build import run_recipe
 from kontrast.report import figures, page
 from kontrast.report.embedding import (
     caption_of,
@@ -55,7 +55,7 @@ def write_report(run: str | Path, out: str | Path | None = None, *, device: str 
     records = read_metrics(run_dir / "metrics.jsonl")
     state = read_json(ckpt / "state.json") or {}
     sections = [summary_section(cfg, run_dir, ckpt, state, records), eval_section(run_dir), curves_section(records)]
-    recipe = read_run_config(run_dir)[1].get("recipe") or (method.recipe and run_recipe(cfg, method))
+    recipe = read_run_config(run_dir)[1].get("recipe") or decide(cfg).recipe
     sections += image_sections(cfg, method, run_views(ckpt, cfg, method), recipe, device=device, limit=limit,
                                seed=seed, precision=precision)
     sections.append(("config", "Configuration", page.code_block(yaml.safe_dump(to_dict(cfg), sort_keys=False))))

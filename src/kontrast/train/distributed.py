@@ -71,19 +71,6 @@ def bind_cores() -> set[int] | None:
     return mine
 
 
-def check_world(cfg, world: int) -> None:
-    """A run on ``world`` processes needs a global batch that divides by it and a method verified across ranks."""
-    from kontrast.registry import METHODS
-
-    if cfg.train.batch_size % world:
-        raise UserError(f"train.batch_size ({cfg.train.batch_size}) is the global batch and must divide by the number "
-                        f"of processes ({world}); use a multiple of {world}")
-    if world > 1 and not METHODS.get(cfg.method.name).distributed:
-        raise UserError(f"method {cfg.method.name!r} does not run on several processes yet (docs/distributed.md lists "
-                        "the methods that do); train it with --nproc 1")
-    METHODS.get(cfg.method.name).check_world(cfg.method.params, world, cfg.train.batch_size)
-
-
 def local_device(device: torch.device) -> torch.device:
     """On CUDA each process of a node takes its own GPU (``LOCAL_RANK``); CPU ranks share the CPU."""
     if device.type == "cuda" and launched():

@@ -51,10 +51,10 @@ def run_on_processes(nproc: int, argv: list[str], *, resolve_config: Callable[[]
     if "WORLD_SIZE" in os.environ:
         raise UserError("--nproc inside a torchrun launch: drop --nproc (torchrun already started the processes)")
     _start_forkserver()  # its imports run beside the config's resolution here
-    from kontrast.train.distributed import check_world
+    from kontrast.decisions import decide
 
     cfg = resolve_config()
-    check_world(cfg, nproc)  # bad input: one line here, before any process starts
+    decide(cfg, nproc)  # every refusal of the config on nproc processes: one line here, before any process starts
     return _launch(nproc, _without_nproc(argv), cfg, entry)
 
 
@@ -86,9 +86,11 @@ def _launch(nproc: int, rest: list[str], cfg: Config, entry: Entry) -> int:
     start = "forkserver" if sys.platform == "linux" else "spawn"
     errors = tempfile.TemporaryDirectory(prefix="kontrast-launch-")  # what the processes tell the launcher
     folder = Path(errors.name)
-    # the launcher logs a worker's exit as a traceback of its own; the worker has said why (one line for an input
-    # error, its own traceback for a crash) and the lines below name the rank
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    # the launcher logs a worker's exit as a traceback of its own, and each process it stops after a failure
+    # ("Terminating process ... via signal SIGTERM"); the worker has said why (one line for an input error, its own
+    # traceback for a crash) and the lines below name the rank
+    for name in ("torch.distributed.elastic", "torch.multiprocessing.spawn"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     _say_launch(nproc, cfg.train.num_threads or int(os.environ["OMP_NUM_THREADS"]), start)
     os.environ[launch.FOLDER_ENV] = errors.name
     os.environ[CONFIG_ENV] = str(folder / "resolved.yaml")
@@ -121,9 +123,10 @@ def _failure_exit_code(exc, folder: Path) -> int:
     """The run's exit code when a process failed (torchrun's ``ChildFailedError``): the process's own 2, 130 or 143
     (it said why; an input error is said here, once), else 1 with a line naming the rank and how it ended."""
     rank, first = exc.get_first_failure()  # the cause; the others were stopped by torchrun after it
-    if first.exitcode == 2:
-        _say_errors(folder)
-    if first.exitcode in (2, 130, 143):  # an input error, or a signal the run handled: the process said why
+    if first.exitcode == 2 or (first.exitcode not in (130, 143) and any(folder.glob("rank-*"))):
+        _say_errors(folder)  # a process's input error is the cause, whichever rank torchrun saw end first (the
+        return 2  # others, waiting for it at a barrier, lose their connection)
+    if first.exitcode in (130, 143):  # a signal the run handled: the process said why
         return first.exitcode
     how = first.signal_name() if first.exitcode < 0 else f"exit code {first.exitcode}"
     if first.exitcode > 0 and first.error_file_data.get("message"):  # a crash: its exception, as torchrun has it

@@ -24,19 +24,10 @@ from kontrast.checkpoint import PLAN_KEY, RUN_CONFIG
 from kontrast.config import Config, to_dict
 from kontrast.data import batch_indices
 from kontrast.data.sources import absolute_source
+from kontrast.decisions import Decisions, check_inputs, decide, encoder_layers, recipe_lines
 from kontrast.errors import UserError
 from kontrast.methods.base import Progress, Ranks
-from kontrast.methods.build import (
-    build_encoder_args,
-    check_inputs,
-    check_size,
-    create_method,
-    decide_size,
-    encoder_layers,
-    recipe_lines,
-    run_recipe,
-    view_multiple,
-)
+from kontrast.methods.build import create_method
 from kontrast.plugins import RUN_KEY, plugin_files
 from kontrast.precision import choose_precision
 from kontrast.registry import METHODS
@@ -66,16 +57,33 @@ class RunPlan:
     rank: int
     world: int  # processes of the run; the global batch is cfg.train.batch_size
     numerics: str  # the line saying which precision and memory layout, and why
-    sized: tuple[str, ...]  # a line for data.size and for encoder.stem where they were auto: what, from what, the --set
     data_why: str  # why this data path
-    recipe: str | None  # the views' recipe at data.size; None for a sequence method (it gets the raw batch)
-    views: tuple[ViewSpec, ...]  # () for a sequence method
-    encoder: dict  # the encoder's constructor arguments (kontrast.methods.build.build_encoder_args)
+    decisions: Decisions  # size, stem, recipe, views, encoder arguments, the method's needs (kontrast.decisions)
     ramp_views: tuple[tuple[int, tuple[ViewSpec, ...]], ...] = ()  # progressive resolution: views at each smaller side
 
     @property
     def torch_device(self) -> torch.device:
         return torch.device(self.device)
+
+    @property
+    def recipe(self) -> str | None:
+        """The views' recipe at data.size; None for a sequence method (it gets the raw batch)."""
+        return self.decisions.recipe
+
+    @property
+    def views(self) -> tuple[ViewSpec, ...]:
+        """The views at data.size; () for a sequence method."""
+        return self.decisions.views
+
+    @property
+    def encoder(self) -> dict:
+        """The encoder's constructor arguments."""
+        return self.decisions.encoder_args
+
+    @property
+    def sized(self) -> tuple[str, ...]:
+        """A line for data.size and for encoder.stem where they were auto: what, from what, the --set."""
+        return self.decisions.reasons
 
     def lines(self) -> list[str]:
         """The start-up lines: what was decided for size and stem, the method's recipe for its encoder family,
@@ -89,9 +97,9 @@ class RunPlan:
                          f"{share // tc.accumulate}, BatchNorm statistics per micro-batch{synced}")
         rounded = [(round(self.cfg.data.size * v.size_factor, 1), v.size) for v in self.views
                    if v.size != max(1, round(self.cfg.data.size * v.size_factor))]
-        if rounded:  # a ViT's multi-crop views in whole patches (methods/build.py, view_multiple)
+        if rounded:  # a ViT's multi-crop views in whole patches (kontrast.decisions, patch_multiple)
             said = ", ".join(sorted({f"{a:g} -> {b} px" for a, b in rounded}))
-            lines.append(f"views: the small crops in whole {view_multiple(self.cfg, self.cfg.data.size)}-px ViT "
+            lines.append(f"views: the small crops in whole {self.decisions.patch_multiple}-px ViT "
                          f"patches ({said})")
         if self.ramp_views:
             start, end = (round(100 * f) for f in self.cfg.augment.size_ramp)
@@ -118,53 +126,27 @@ def plan_run(cfg: Config, ranks: Ranks = Ranks()) -> RunPlan:
     """The plan of ``cfg`` (resolved: :func:`kontrast.methods.build.resolve`) on this machine, as rank
     ``ranks.rank`` of ``ranks.world``; with several processes the data path is one for all of them."""
     device = distributed.local_device(resolve_device(cfg.train.device))
-    distributed.check_world(cfg, ranks.world)
-    check_micro_batches(cfg, ranks.world)
     cfg = absolute_paths(cfg)
-    cfg, sized = decide_size(cfg)  # data.size and encoder.stem from the images, where auto
+    decisions = decide(cfg, ranks.world)  # size, stem, views, encoder; every refusal of the config, before any data
+    cfg = decisions.cfg
     precision, layout, numerics = choose_precision(cfg.train.precision, cfg.train.channels_last, device,
-                                                   encoder_layers(cfg))
+                                                   encoder_layers(decisions.encoder_args))
     cfg = replace(cfg, train=replace(cfg.train, precision=precision, channels_last=layout))
     cfg, data_why = choose_mode(cfg, device)
     if ranks.world > 1 and cfg.data.mode != "stream" and distributed.max_over_ranks(int(cfg.data.mode == "stream")):
         cfg = replace(cfg, data=replace(cfg.data, mode="stream"))  # one path for all: a node's budget is short
         data_why += "; streamed because another process's memory budget is too small"
-    cls = METHODS.get(cfg.method.name)
-    recipe = run_recipe(cfg, cls) if cls.recipe is not None else None
-    if recipe is None and (cfg.augment.recipe or cfg.augment.view or cfg.augment.views or cfg.augment.min_size):
-        raise UserError(f"method {cfg.method.name} takes no image augmentation; remove the augment settings")
-    views = _views(cfg, recipe) if recipe else ()
-    ramp = _ramp_views(cfg, recipe) if cfg.augment.min_size else ()
+    decisions = replace(decisions, cfg=cfg)
+    ramp = _ramp_views(decisions) if cfg.augment.min_size else ()
     return RunPlan(cfg=cfg, device=str(device), rank=ranks.rank, world=ranks.world, numerics=numerics,
-                   sized=tuple(sized), data_why=data_why, recipe=recipe, views=views, encoder=build_encoder_args(cfg),
-                   ramp_views=ramp)
+                   data_why=data_why, decisions=decisions, ramp_views=ramp)
 
 
-def check_micro_batches(cfg: Config, world: int) -> None:
-    """``train.accumulate`` K cuts each process's share of the batch into K micro-batches of 2 samples or more."""
-    k, batch = cfg.train.accumulate, cfg.train.batch_size
-    if k > 1 and (batch % (world * k) or batch // (world * k) < 2):
-        per = f"{world} processes x {k}" if world > 1 else str(k)
-        raise UserError(f"train.batch_size ({batch}) must divide into {per} micro-batches of 2 images or more "
-                        f"(train.accumulate {k}); use a batch that is a multiple of {2 * world * k} or a smaller "
-                        "train.accumulate")
-
-
-def _views(cfg: Config, recipe: str) -> tuple[ViewSpec, ...]:
-    """``recipe``'s views at ``data.size``; where a view cannot be made at that size (AMDIM's translation), the
-    one line :func:`~kontrast.methods.build.check_size` gives, naming the smallest size that works."""
-    try:
-        return recipe_views(recipe, cfg.data.size, cfg.augment.view, cfg.augment.views,
-                            view_multiple(cfg, cfg.data.size))
-    except UserError:
-        check_size(cfg, create_method(cfg, pretrained=False))  # the error path only: a method to ask its limits
-        raise
-
-
-def _ramp_views(cfg: Config, recipe: str) -> tuple[tuple[int, tuple[ViewSpec, ...]], ...]:
-    """Progressive resolution (``augment.min_size``): ``recipe``'s views at every side below ``data.size`` that
+def _ramp_views(d: Decisions) -> tuple[tuple[int, tuple[ViewSpec, ...]], ...]:
+    """Progressive resolution (``augment.min_size``): the recipe's views at every side below ``data.size`` that
     :func:`~kontrast.augment.side_schedule` can pick, smallest first; one line for a setting it cannot take."""
-    aug, size, multiple = cfg.augment, cfg.data.size, view_multiple(cfg, cfg.data.size)
+    cfg, recipe = d.cfg, d.recipe
+    aug, size, multiple = cfg.augment, cfg.data.size, d.patch_multiple
     low, (start, end) = aug.min_size, aug.size_ramp
     if low >= size:
         raise UserError(f"augment.min_size ({low}) must be below data.size ({size}) for progressive resolution; "
@@ -268,7 +250,7 @@ def _view_sides(plan: RunPlan, total_steps: int) -> list[int] | None:
         return None
     cfg = plan.cfg
     return side_schedule(total_steps, cfg.augment.min_size, cfg.data.size, cfg.augment.size_ramp,
-                         view_multiple(cfg, cfg.data.size))
+                         plan.decisions.patch_multiple)
 
 
 def _load_data(plan: RunPlan) -> TrainData:
@@ -287,9 +269,10 @@ def _build_method(plan: RunPlan, ranks: Ranks, data, resume: bool):
     """The method on the plan's device, layout and ranks, bound to its data and checked against it."""
     cfg, tc = plan.cfg, plan.cfg.train
     torch.manual_seed(tc.seed)
-    method = create_method(cfg, num_samples=len(data), pretrained=not resume, ranks=ranks).to(plan.torch_device)
+    method = create_method(cfg, num_samples=len(data), pretrained=not resume, ranks=ranks,
+                           decisions=plan.decisions).to(plan.torch_device)
     method.accumulate = tc.accumulate  # gradient caching: the per-sample part of each step in micro-batches
-    if ranks.world > 1 and tc.sync_bn and method.sync_bn:
+    if ranks.world > 1 and tc.sync_bn and plan.decisions.needs.sync_bn:
         distributed.global_batch_norm(method)  # BN statistics of the global batch, as on one process
     if tc.channels_last:
         method = method.to(memory_format=torch.channels_last)
@@ -298,6 +281,5 @@ def _build_method(plan: RunPlan, ranks: Ranks, data, resume: bool):
     note = method.bind_data(data)  # per-sample data beside the images (CLIP's captions); None for most methods
     if note:
         print(note, file=sys.stderr)
-    check_inputs(method, data)
-    check_size(cfg, method)  # views too small for the encoder or the method: one line, before any step
+    check_inputs(cfg, data)
     return method

@@ -89,19 +89,19 @@ def test_every_recipe_file_resolves_and_plans(name):
 
 
 def test_augment_overrides_apply_to_every_view():
-    from kontrast.methods.build import create_method, view_specs
+    from kontrast.decisions import view_specs
 
     cfg = resolve({"method": {"name": "byol"}, "encoder": {"width": 0.125}, "data": {"size": 24},
                    "augment": {"view": {"crop_scale": [0.2, 1.0]}}})
-    specs = view_specs(cfg, create_method(cfg))
+    specs = view_specs(cfg)
     assert [s.crop_scale for s in specs] == [(0.2, 1.0), (0.2, 1.0)]
     assert [s.size for s in specs] == [24, 24]
     assert specs[0].blur_p != specs[1].blur_p  # BYOL's asymmetry survives the override
     bad = resolve({"augment": {"view": {"crop_scales": [0.2, 1.0]}}, "encoder": {"width": 0.125}})
     with pytest.raises(UserError, match="augment.view.crop_scales"):
-        view_specs(bad, create_method(bad))
+        view_specs(bad)
     with pytest.raises(UserError, match="recipe"):
-        view_specs(resolve({"augment": {"recipe": "nope"}}), create_method(bad))
+        view_specs(resolve({"augment": {"recipe": "nope"}}))
 
 
 def test_python_api_builds_methods_only_from_resolved_configs():

@@ -94,11 +94,12 @@ def test_torch_init_keeps_pytorchs_default_conv_init():
 
 
 def test_torch_init_on_an_encoder_without_it_is_one_clear_error():
-    from kontrast.methods.build import build_encoder, resolve
+    from kontrast.decisions import build_encoder, decide
+    from kontrast.methods.build import resolve
 
     cfg = resolve({"encoder": {"name": "vit_tiny", "torch_init": True}, "data": {"size": 32}})
     with pytest.raises(UserError, match=r"has no torch_init option; set encoder.torch_init=false"):
-        build_encoder(cfg)
+        build_encoder(decide(cfg).encoder_args)
 
 
 def test_channels_last_and_bf16_autocast_forward_backward():

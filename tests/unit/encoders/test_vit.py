@@ -13,12 +13,13 @@ from torch import nn
 from kontrast.augment import make_views
 from kontrast.config import load_yaml
 from kontrast.data import Samples
+from kontrast.decisions import view_specs
 from kontrast.encoders import check_encoder_name, create_encoder
 from kontrast.encoders.vit import VisionTransformer, default_patch_size, sincos_2d
 from kontrast.errors import UserError
 from kontrast.methods import METHODS
 from kontrast.methods.base import Progress
-from kontrast.methods.build import create_method, resolve, view_specs
+from kontrast.methods.build import create_method, resolve
 from kontrast.outputs.export import backbone_info, export_backbone, load_backbone, write_backbone
 from kontrast.train.loop import fit
 from kontrast.train.optim import create_optimizer
@@ -142,7 +143,7 @@ def test_every_image_method_steps_on_a_vit(name):
     method = create_method(cfg, num_samples=8)
     images = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
     method.bind_data(Samples(images, torch.arange(8) % 2, ["cat", "dog"], "smoke"))
-    views = make_views(images, view_specs(cfg, method), torch.Generator().manual_seed(0))
+    views = make_views(images, view_specs(cfg), torch.Generator().manual_seed(0))
     out = method.training_step(views, torch.arange(8), Progress(step=0, epoch=0, total_steps=2, steps_per_epoch=1))
     assert out["loss"].ndim == 0 and torch.isfinite(out["loss"])
     out["loss"].backward()
@@ -244,5 +245,6 @@ def test_stochastic_depth_drops_whole_residual_branches_per_sample_in_training_o
     assert all(m.p == 0.0 for m in target.modules() if isinstance(m, DropPath))
     assert all(block.drop_path.p == r for block, r in zip(vit.encoder.layers, rates))  # the online encoder keeps it
     with pytest.raises(UserError, match="encoder 'resnet18' has no drop_path option"):
-        from kontrast.methods.build import build_encoder, resolve
-        build_encoder(resolve({"encoder": {"drop_path": 0.1}, "data": {"size": 32}}))
+        from kontrast.decisions import build_encoder, decide
+        from kontrast.methods.build import resolve
+        build_encoder(decide(resolve({"encoder": {"drop_path": 0.1}, "data": {"size": 32}})).encoder_args)

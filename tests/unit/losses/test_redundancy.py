@@ -150,12 +150,13 @@ def test_views_go_through_batchnorm_separately_and_blocks_start_as_identity(name
     """As the authors' ``forward(y1, y2)``: every BatchNorm (encoder and projector) sees the B samples of one view,
     never a 2B batch of both; and their ResNet(zero_init_residual=True) is the default."""
     from kontrast.augment import make_views
-    from kontrast.methods.build import create_method, resolve, view_specs
+    from kontrast.decisions import view_specs
+    from kontrast.methods.build import create_method, resolve
 
     cfg = resolve({"method": {"name": name, "proj_hidden": 32, "proj_dim": 32}, "encoder": {"width": 0.125}})
     assert cfg.encoder.zero_init_residual
     method = create_method(cfg).train()
-    views = make_views(torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8), view_specs(cfg, method),
+    views = make_views(torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8), view_specs(cfg),
                        torch.Generator().manual_seed(0))
     seen: dict[str, list[int]] = {}
     hooks = [m.register_forward_pre_hook(lambda _m, args, n=n: seen.setdefault(n, []).append(args[0].shape[0]))

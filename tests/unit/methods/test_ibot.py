@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from kontrast.augment import make_views
+from kontrast.decisions import decide, view_specs
 from kontrast.encoders.masking import batch_masks
 from kontrast.errors import UserError
 from kontrast.losses.swav import sinkhorn, swapped_prediction
-from kontrast.methods.build import create_method, resolve, view_specs
+from kontrast.methods.build import create_method, resolve
 from support.args import TINY_VIT
 from support.reference import naive_ibot_patch, naive_koleo
 
@@ -20,7 +21,7 @@ def test_the_step_is_dino_plus_the_masked_patch_loss_plus_koleo():
                    "encoder": TINY_VIT, "augment": {"views": 3}})
     method = create_method(cfg, num_samples=8)
     images = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
-    views = make_views(images, view_specs(cfg, method), torch.Generator().manual_seed(0))
+    views = make_views(images, view_specs(cfg), torch.Generator().manual_seed(0))
     torch.manual_seed(5)  # the step's seed, as the training room sets it
     out = method.training_step(views, torch.arange(8))
 
@@ -49,5 +50,5 @@ def test_the_step_is_dino_plus_the_masked_patch_loss_plus_koleo():
 
 def test_ibot_needs_a_vit():
     with pytest.raises(UserError, match="ibot works on patch tokens and needs a ViT encoder, not resnet18"):
-        resolve({"method": {"name": "ibot"}, "encoder": {"name": "resnet18"}})
+        decide(resolve({"method": {"name": "ibot"}, "encoder": {"name": "resnet18"}}))
     assert resolve({"method": {"name": "ibot"}}).encoder.name == "vit_small"  # its default encoder

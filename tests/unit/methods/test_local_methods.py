@@ -12,6 +12,7 @@ from kontrast.augment.ops import sample_translation, translate_reflect
 from kontrast.augment.patches import grid_size, patch_grid
 from kontrast.data import load_images
 from kontrast.data.sequences import SEQUENCE_CLASSES, make_sequences
+from kontrast.decisions import check_inputs, view_specs
 from kontrast.encoders import create_encoder
 from kontrast.errors import UserError
 from kontrast.evaluate.run import evaluate_run
@@ -19,7 +20,7 @@ from kontrast.extract import GridContext, GRUContext, PooledContext
 from kontrast.losses import info_nce, mi_bound, nce_shared_negatives, score_penalty
 from kontrast.losses.local import global_local_nce, pooled_info_nce, positional_nce
 from kontrast.methods import METHODS
-from kontrast.methods.build import check_inputs, create_method, resolve, view_specs
+from kontrast.methods.build import create_method, resolve
 from kontrast.similarity import bilinear, scaled_dot, soft_clip
 from kontrast.train.loop import fit
 from support.reference import naive_shared_negatives
@@ -270,10 +271,11 @@ def test_infonce_methods_report_the_bound_and_byol_does_not(name):
     from kontrast.augment import make_views
 
     images = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8, generator=G)
-    out = method.training_step(make_views(images, view_specs(cfg, method), torch.Generator().manual_seed(0)))
+    out = method.training_step(make_views(images, view_specs(cfg), torch.Generator().manual_seed(0)))
     assert torch.isfinite(out["mi_bound"]) and out["mi_bound"].ndim == 0
-    byol = create_method(resolve({"method": {"name": "byol"}, "encoder": {"width": 0.125}}))
-    views = make_views(images, view_specs(cfg, byol), torch.Generator().manual_seed(0))
+    byol_cfg = resolve({"method": {"name": "byol"}, "encoder": {"width": 0.125}})
+    byol = create_method(byol_cfg)
+    views = make_views(images, view_specs(byol_cfg), torch.Generator().manual_seed(0))
     assert "mi_bound" not in byol.training_step(views)
 
 
@@ -283,7 +285,7 @@ def test_bound_matches_loss_for_single_comparison_methods():
     from kontrast.augment import make_views
 
     images = torch.randint(0, 256, (6, 3, 32, 32), dtype=torch.uint8, generator=G)
-    out = method.training_step(make_views(images, view_specs(cfg, method), torch.Generator().manual_seed(0)))
+    out = method.training_step(make_views(images, view_specs(cfg), torch.Generator().manual_seed(0)))
     assert out["mi_bound"].item() == pytest.approx(math.log(1 + 5 * 1) - out["loss"].item(), rel=1e-5)  # 1x1 last map
 
 
@@ -291,7 +293,7 @@ def test_cpc_smoke_step_on_sequences():
     cfg = resolve({"method": {"name": "cpc", "steps": 4}, "encoder": {"width": 1 / 16}})
     assert cfg.data.source == "sequences" and cfg.encoder.name == "conv1d"  # the method's defaults
     method = create_method(cfg)
-    assert method.recipe is None and view_specs(cfg, method) == ()
+    assert method.recipe is None and view_specs(cfg) == ()
     x, _ = make_sequences(8, seed=3)
     before = [p.detach().clone() for p in method.parameters()]
     out = method.training_step([x])
@@ -318,14 +320,14 @@ def test_sequences_data_and_input_checks():
     assert len(data) == 10 and data.classes == list(SEQUENCE_CLASSES)
     with pytest.raises(UserError, match="sequences:N"):
         load_images("sequences:x", "train")
-    cpc = create_method(resolve({"method": {"name": "cpc"}, "encoder": {"width": 1 / 16}}))
-    simclr = create_method(resolve({"encoder": {"width": 0.125}}))
+    cpc = resolve({"method": {"name": "cpc"}, "encoder": {"width": 1 / 16}})
+    simclr = resolve({"encoder": {"width": 0.125}})
     with pytest.raises(UserError, match="--data sequences"):
         check_inputs(cpc, load_images("shapes:10", "train"))
     with pytest.raises(UserError, match="holds sequences"):
         check_inputs(simclr, data)
     with pytest.raises(UserError, match="augment"):
-        view_specs(resolve({"method": {"name": "cpc"}, "augment": {"recipe": "byol"}}), cpc)
+        view_specs(resolve({"method": {"name": "cpc"}, "augment": {"recipe": "byol"}}))
 
 
 def test_cpc_trains_and_evaluates_through_the_loop(tmp_path):

@@ -250,13 +250,14 @@ def test_moco_trains_a_step_at_batches_not_divisible_by_the_groups(name, b):
 
 
 def test_moco_bn_groups_error_before_training():
+    from kontrast.decisions import decide
     from kontrast.errors import UserError
     from kontrast.methods.build import resolve
 
     for name in ("moco_v2", "moco_v1", "infomin"):
-        resolve({"method": {"name": name, "queue_size": 64}, "train": {"batch_size": 16}})  # 2 per group: fine
+        decide(resolve({"method": {"name": name, "queue_size": 64}, "train": {"batch_size": 16}}))  # 2 per group
         with pytest.raises(UserError, match="method.bn_groups") as err:
-            resolve({"method": {"name": name, "queue_size": 64}, "train": {"batch_size": 15}})
+            decide(resolve({"method": {"name": name, "queue_size": 64}, "train": {"batch_size": 15}}))
         assert "\n" not in str(err.value) and "2 samples" in str(err.value)
 
 
@@ -357,7 +358,8 @@ def _simsiam_std_trace(stop_gradient: bool, steps: int = 200, dim: int = 64) -> 
     """embedding_std (mean per-dim std of L2-normalised projections) over a short SGD run on shapes."""
     from kontrast.augment import make_views
     from kontrast.data import load_images
-    from kontrast.methods.build import create_method, resolve, view_specs
+    from kontrast.decisions import view_specs
+    from kontrast.methods.build import create_method, resolve
 
     torch.manual_seed(0)
     data = load_images("shapes:512", "train", size=16)
@@ -365,7 +367,7 @@ def _simsiam_std_trace(stop_gradient: bool, steps: int = 200, dim: int = 64) -> 
                               "proj_dim": dim, "pred_hidden": dim // 4},
                    "encoder": {"name": "resnet18", "width": 0.125}, "data": {"size": 16}})
     method = create_method(cfg)
-    specs = view_specs(cfg, method)
+    specs = view_specs(cfg)
     opt = torch.optim.SGD(method.parameters(), lr=0.3, momentum=0.9, weight_decay=5e-4)
     g = torch.Generator().manual_seed(0)
     trace = []

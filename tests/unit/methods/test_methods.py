@@ -6,9 +6,10 @@ from safetensors.torch import save
 
 from kontrast.augment import make_views
 from kontrast.data import Samples
+from kontrast.decisions import view_specs
 from kontrast.methods import METHODS
 from kontrast.methods.base import Progress
-from kontrast.methods.build import create_method, resolve, view_specs
+from kontrast.methods.build import create_method, resolve
 from support.args import TINY_ENCODER, tiny_encoder
 
 TINY = {"encoder": TINY_ENCODER}
@@ -24,7 +25,7 @@ def test_smoke_step(name):
     images = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
     # as the loop does (CLIP's captions)
     method.bind_data(Samples(images, torch.arange(8) % 2, ["cat", "dog"], "smoke"))
-    views = make_views(images, view_specs(cfg, method), torch.Generator().manual_seed(0))
+    views = make_views(images, view_specs(cfg), torch.Generator().manual_seed(0))
     before = [p.detach().clone() for p in method.parameters()]
     out = method.training_step(views, torch.arange(8), Progress(step=0, epoch=0, total_steps=2, steps_per_epoch=1))
     assert out["loss"].ndim == 0 and torch.isfinite(out["loss"])
@@ -45,7 +46,7 @@ def test_byol_views_go_through_batchnorm_separately():
     cfg = resolve({"method": {"name": "byol"}, **TINY})
     method = create_method(cfg, num_samples=8).train()
     images = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
-    views = make_views(images, view_specs(cfg, method), torch.Generator().manual_seed(0))
+    views = make_views(images, view_specs(cfg), torch.Generator().manual_seed(0))
     seen: dict[str, list[int]] = {}
     hooks = [m.register_forward_pre_hook(lambda _m, args, name=name: seen.setdefault(name, []).append(args[0].shape[0]))
              for name, m in method.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]

@@ -15,9 +15,10 @@ import torch.nn as nn
 from kontrast.augment import make_views
 from kontrast.data import Samples
 from kontrast.data.sequences import make_sequences
+from kontrast.decisions import view_specs
 from kontrast.methods import METHODS
 from kontrast.methods.base import Progress
-from kontrast.methods.build import create_method, resolve, view_specs
+from kontrast.methods.build import create_method, resolve
 from kontrast.train.faults import nudge_weights
 from support.args import tiny_encoder
 from support.floors import FACTOR
@@ -47,7 +48,7 @@ def _method(name: str, accumulate: int, nudged: bool = False):
         nudge_weights(method, 1)
     if method.recipe is None:
         return method, lambda images, gen: [make_sequences(8, seed=int(gen.initial_seed()))[0].double()]
-    specs = view_specs(cfg, method)
+    specs = view_specs(cfg)
     method.bind_data(Samples(torch.randint(0, 256, (32, 3, 32, 32), dtype=torch.uint8), torch.arange(32) % 4,
                              list("abcd"), "micro"))
     return method, lambda images, gen: [v.double() if v.is_floating_point() else v

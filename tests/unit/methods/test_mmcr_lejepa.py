@@ -6,9 +6,10 @@ import torch
 import torch.nn.functional as F
 
 from kontrast.augment import make_views
+from kontrast.decisions import decide, view_specs
 from kontrast.errors import UserError
 from kontrast.losses.gaussian import unit_directions
-from kontrast.methods.build import create_method, resolve, view_specs
+from kontrast.methods.build import create_method, resolve
 from support.args import TINY_ENCODER
 from support.reference import naive_lejepa, naive_mmcr
 
@@ -17,7 +18,7 @@ def _step(name: str, **sections):
     cfg = resolve({"method": {"name": name, **sections.pop("method", {})}, "encoder": TINY_ENCODER, **sections})
     method = create_method(cfg, num_samples=8)
     images = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
-    views = make_views(images, view_specs(cfg, method), torch.Generator().manual_seed(0))
+    views = make_views(images, view_specs(cfg), torch.Generator().manual_seed(0))
     torch.manual_seed(7)  # the step's seed (the training room's), which LeJEPA's directions come from
     return method, views, method.training_step(views, torch.arange(8))
 
@@ -59,8 +60,9 @@ def test_the_view_count_is_the_recipes_first_views_then_its_last_repeated():
     dino = recipe_views("dino_multicrop", 32, count=8)
     assert [v.size for v in dino] == [32, 32] + [16] * 6  # more local crops
     assert [v.size for v in recipe_views("dino_multicrop", 32, count=3)] == [32, 32, 16]
-    with pytest.raises(UserError, match="compares at least 2 views of each image; set augment.views to 2"):
-        resolve({"method": {"name": "simclr"}, "augment": {"views": 1}})
-    with pytest.raises(UserError, match="method cpc takes no image augmentation; remove augment.views"):
-        resolve({"method": {"name": "cpc"}, "augment": {"views": 4}})
+    with pytest.raises(UserError, match="compares at least 2 views of each image and the run draws 1; set "
+                                        "augment.views to 2"):
+        decide(resolve({"method": {"name": "simclr"}, "augment": {"views": 1}}))
+    with pytest.raises(UserError, match="method cpc takes no image augmentation; remove the augment settings"):
+        decide(resolve({"method": {"name": "cpc"}, "augment": {"views": 4}}))
     assert len(recipe_views("instdisc", 32, count=1)) == 1  # a one-view method keeps its one view

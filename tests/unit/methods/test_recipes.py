@@ -5,8 +5,9 @@ momentum follows the authors' advice for the batch size; ``norm_last_layer`` fal
 import pytest
 import torch
 
+from kontrast.decisions import recipe_lines
 from kontrast.methods.base import Progress
-from kontrast.methods.build import create_method, recipe_lines, resolve
+from kontrast.methods.build import create_method, resolve
 from kontrast.methods.self_distillation import teacher_momentum
 from kontrast.train.plan import plan_run
 

@@ -6,9 +6,10 @@ import torch
 
 from kontrast.augment import make_views
 from kontrast.data import Samples
+from kontrast.decisions import view_specs
 from kontrast.errors import UserError
 from kontrast.evaluate.zeroshot import supports_zeroshot
-from kontrast.methods.build import create_method, resolve, view_specs
+from kontrast.methods.build import create_method, resolve
 from support.args import TINY_ENCODER
 from support.reference import naive_siglip
 
@@ -19,7 +20,7 @@ def _step(raw: dict):
     method = create_method(cfg, num_samples=8)
     images = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
     method.bind_data(Samples(images, torch.arange(8) % 2, ["cat", "dog"], "siglip"))
-    views = make_views(images, view_specs(cfg, method), torch.Generator().manual_seed(0))
+    views = make_views(images, view_specs(cfg), torch.Generator().manual_seed(0))
     return method, views, method.training_step(views, torch.arange(8))
 
 

@@ -15,6 +15,7 @@ from kontrast.augment import get_recipe, make_views
 from kontrast.cli import main
 from kontrast.data import Samples, load_images
 from kontrast.data.captions import TEMPLATES, captions_from_labels
+from kontrast.decisions import decide, view_specs
 from kontrast.encoders.multicrop import encode_views
 from kontrast.encoders.text import EOT, PAD, TextTransformer, detokenize, tokenize
 from kontrast.errors import UserError
@@ -22,7 +23,7 @@ from kontrast.evaluate.zeroshot import zeroshot_top1
 from kontrast.losses.infonce import symmetric_info_nce
 from kontrast.losses.swav import sinkhorn, swapped_prediction
 from kontrast.methods.base import Progress
-from kontrast.methods.build import create_method, resolve, view_specs
+from kontrast.methods.build import create_method, resolve
 from support.args import TINY_ENCODER
 from support.reference import naive_sinkhorn, naive_swapped_prediction
 
@@ -94,10 +95,10 @@ def _swav(**params):
 
 def test_multicrop_views_have_their_own_sizes():
     cfg, method = _swav()
-    assert [s.size for s in view_specs(cfg, method)] == [32, 32, 16, 16, 16, 16]
+    assert [s.size for s in view_specs(cfg)] == [32, 32, 16, 16, 16, 16]
     native = resolve({"method": {"name": "swav"}, "data": {"size": 64}, **TINY})  # the ImageNet recipe: 2 + 6 at 96/224
-    assert [s.size for s in view_specs(native, method)] == [64, 64, 27, 27, 27, 27, 27, 27]
-    views = make_views(torch.randint(0, 256, (4, 3, 40, 40), dtype=torch.uint8), view_specs(cfg, method),
+    assert [s.size for s in view_specs(native)] == [64, 64, 27, 27, 27, 27, 27, 27]
+    views = make_views(torch.randint(0, 256, (4, 3, 40, 40), dtype=torch.uint8), view_specs(cfg),
                        torch.Generator().manual_seed(0))
     assert [tuple(v.shape) for v in views] == [(4, 3, 32, 32)] * 2 + [(4, 3, 16, 16)] * 4
 
@@ -205,10 +206,10 @@ def test_swav_checks_its_params_and_views():
         _swav(sinkhorn_iterations=0)
     with pytest.raises(UserError, match="sinkhorn_epsilon"):
         _swav(sinkhorn_epsilon=0.0)
-    with pytest.raises(UserError, match="global_views"):  # checked with the config, before any training
-        resolve({"method": {"name": "swav", "global_views": 3}, "augment": {"recipe": "swav_global"}, **TINY})
+    with pytest.raises(UserError, match="compares at least 3 views"):  # its global views: before any training
+        decide(resolve({"method": {"name": "swav", "global_views": 3}, "augment": {"recipe": "swav_global"}, **TINY}))
     with pytest.raises(UserError, match="at least 2 views"):
-        resolve({"method": {"name": "swav"}, "augment": {"recipe": "clip"}, **TINY})
+        decide(resolve({"method": {"name": "swav"}, "augment": {"recipe": "clip"}, **TINY}))
 
 
 def test_swav_global_recipe_is_the_two_global_crops():
@@ -217,7 +218,7 @@ def test_swav_global_recipe_is_the_two_global_crops():
     cfg = resolve({"method": {"name": "swav", "num_prototypes": 12, "proj_hidden": 32, "proj_dim": 8},
                    "augment": {"recipe": "swav_global"}, **TINY})
     method = create_method(cfg, num_samples=16)
-    views = make_views(torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8), view_specs(cfg, method),
+    views = make_views(torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8), view_specs(cfg),
                        torch.Generator().manual_seed(0))
     assert [v.shape[-1] for v in views] == [32, 32]
     out = method.training_step(views, torch.arange(8))  # each global crop predicts the other's code
@@ -238,7 +239,7 @@ def test_infomin_is_moco_v2_with_the_infomin_views():
     assert isinstance(method, MoCoV2) and issubclass(method.Params, MoCoV2.Params)
     changed = {f.name for f in fields(method.Params) if f.default != getattr(MoCoV2.Params(), f.name)}
     assert changed == {"temperature"} and method.params.temperature == 0.15
-    specs = view_specs(cfg, method)
+    specs = view_specs(cfg)
     assert len(specs) == 2 and all(s.randaugment_n == 2 and s.crop_scale == (0.2, 1.0) for s in specs)
     with pytest.raises(UserError, match="temperature"):
         resolve({"method": {"name": "infomin", "temperature": 0.0}, **TINY})

@@ -9,9 +9,9 @@ from PIL import Image
 
 from kontrast.cli import main
 from kontrast.data import load_images
+from kontrast.decisions import view_specs
 from kontrast.evaluate.features import extract_features
 from kontrast.evaluate.run import load_run
-from kontrast.methods.build import view_specs
 from kontrast.outputs.embed import embed
 from support.args import TINY
 
@@ -42,7 +42,7 @@ def test_rows_are_every_image_in_path_order_with_eval_features(labelled_run):
     assert emb.paths == names  # all 24 images, in path order
     assert emb.labels == [p.split("/")[0] for p in names]
     cfg, method, _ = load_run(run)
-    spec = view_specs(cfg, method)[0]
+    spec = view_specs(cfg)[0]
     test = load_images(str(data), "test", size=16)  # the held-out images eval scores
     ref = extract_features(method.encoder, test.x, mean=spec.mean, std=spec.std)  # [n_test, dim] fp32, as eval's
     rows = [emb.paths.index(p) for p in test.paths]

@@ -7,8 +7,9 @@ import yaml
 
 from kontrast import precision
 from kontrast.cli import main
+from kontrast.decisions import decide, encoder_layers
 from kontrast.errors import UserError
-from kontrast.methods.build import encoder_layers, resolve
+from kontrast.methods.build import resolve
 from kontrast.precision import channels_last_hazard, choose_precision, native_bf16
 
 
@@ -74,7 +75,7 @@ def test_a_run_says_what_it_chose_and_keeps_it_in_its_config(tmp_path, capsys, m
 
 
 def _encoder(width: float):
-    return encoder_layers(resolve({"encoder": {"name": "resnet18", "width": width}}))
+    return encoder_layers(decide(resolve({"encoder": {"name": "resnet18", "width": width}})).encoder_args)
 
 
 def test_channels_last_hazard_names_the_layer_onednn_corrupts():
