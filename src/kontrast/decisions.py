@@ -313,7 +313,7 @@ def works_at(cfg: Config, size: int) -> bool:
     return size_problem(_at_size(replace(cfg, data=replace(cfg.data, size=size)), needs_of(cfg))) is None
 
 
-def smallest_size(cfg: Config, largest: int = 1024) -> int | None:
+def smallest_size(cfg: Config, *, largest: int = 1024) -> int | None:
     """The smallest ``data.size`` at which ``cfg``'s method (as configured) takes every view; None up to
     ``largest`` or for a sequence method."""
     if not _images(cfg):

@@ -25,7 +25,7 @@ from kontrast.config import merge, parse_override
 from kontrast.decisions import decide, smallest_size
 from kontrast.errors import Refusal
 from kontrast.methods import METHODS
-from kontrast.methods.build import create_method, resolve
+from kontrast.methods.build import resolve
 from support.args import HANG_LIMIT
 from support.cli import cli_run
 from support.covering import all_pairs, covering_array, pairs_of
@@ -139,7 +139,7 @@ def size_of(cell: dict) -> int:
     for item in ENCODERS[cell["encoder"]] + small_heads(cell["method"]):
         raw = merge(raw, parse_override(item))
     cfg = resolve(raw)
-    return smallest_size(cfg, create_method(cfg, num_samples=8))
+    return smallest_size(cfg)
 
 
 @pytest.fixture(scope="module")

@@ -18,10 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kontrast.augment import view_count
 from kontrast.config import checked
 from kontrast.encoders.multicrop import encode_views
-from kontrast.errors import UserError
 from kontrast.losses import dino_loss, target_statistics, teacher_distribution, update_centre
 from kontrast.methods.base import Needs, Progress, Ranks, embedding_std
 from kontrast.methods.self_distillation import SelfDistillation, SelfDistillationParams
@@ -35,10 +33,6 @@ class DINOParams(SelfDistillationParams):
 
     centre_momentum: float = checked(0.9, ge=0, le=1)  # 1: the centre stays 0 (no centring: the collapse ablation)
     use_bn_in_head: bool = False  # the authors' option: a short ResNet run needs it (docs/methods.md, "DINO")
-
-    def validate(self, cfg) -> None:
-        if view_count(cfg.augment.recipe or DINO.recipe, cfg.augment.views) < 2:  # the first 2 views are the teacher's
-            raise UserError("dino needs at least 2 views; use augment.recipe dino_multicrop or byol_cifar")
 
 
 @METHODS.register("dino")

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from kontrast.augment import view_count
 from kontrast.config import checked
 from kontrast.encoders.masking import batch_masks
 from kontrast.encoders.multicrop import encode_views
@@ -56,8 +55,6 @@ class IBOTParams(SelfDistillationParams):
     mask_ratio_max: float = checked(0.5, ge=0, le=1)  # ... to this, spread over the masked crops
 
     def validate(self, cfg) -> None:
-        if view_count(cfg.augment.recipe or IBOT.recipe, cfg.augment.views) < 2:
-            raise UserError("ibot needs at least 2 views, the first 2 global crops; use augment.recipe dino_multicrop")
         if self.mask_ratio_min > self.mask_ratio_max:
             raise UserError(f"method.mask_ratio_min ({self.mask_ratio_min}) is above method.mask_ratio_max "
                             f"({self.mask_ratio_max}); swap them")
