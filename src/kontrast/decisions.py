@@ -107,10 +107,10 @@ def decide(cfg: Config, world: int = 1) -> Decisions:
         raise Refusal(f"{cfg.method.name} works on patch tokens and needs a ViT encoder, not {cfg.encoder.name}; "
                       f"use encoder.name {' or '.join(VIT_SIZES)}", {"encoder.name": next(iter(VIT_SIZES))})
     decisions = _at_size(cfg, needs)
-    problem = size_problem(decisions)
+    views, problem = checked_views(decisions)
     if problem:
         raise _size_refusal(cfg, decisions, problem)
-    return replace(decisions, views=_views(decisions)[0])
+    return replace(decisions, views=views)
 
 
 def decided(cfg: Config) -> Config:
@@ -272,13 +272,16 @@ def check_augment(cfg: Config, needs: Needs) -> None:
                       {"augment.views": needs.views})
 
 
-def size_problem(d: Decisions) -> str | None:
-    """Why the views of ``d`` cannot be trained (None: they can)."""
+def checked_views(d: Decisions) -> tuple[tuple[ViewSpec, ...], str | None]:
+    """The views of ``d`` and why they cannot be trained (None: they can)."""
     if d.recipe is None:
-        return None
+        return (), None
     views, problem = _views(d)
-    if problem:
-        return problem
+    return views, problem or _size_problem(d, views)
+
+
+def _size_problem(d: Decisions, views: tuple[ViewSpec, ...]) -> str | None:
+    """Why ``views`` (made at ``d.size``) are too small for the ViT's patches, the method or its encoder."""
     if d.is_vit and d.size % d.patch_multiple:
         return f"the ViT's patches ({d.patch_multiple} px) do not tile {d.size} px"
     view = min(spec.size for spec in views)
@@ -310,10 +313,13 @@ def _encoder_min_size(args: tuple) -> int:
 
 def works_at(cfg: Config, size: int) -> bool:
     """Whether ``cfg`` trains at ``data.size = size``, deciding the stem again where it is auto."""
-    return size_problem(_at_size(replace(cfg, data=replace(cfg.data, size=size)), needs_of(cfg))) is None
+    return checked_views(_at_size(replace(cfg, data=replace(cfg.data, size=size)), needs_of(cfg)))[1] is None
 
 
-def smallest_size(cfg: Config, *, largest: int = 1024) -> int | None:
+LARGEST_SIZE = 1024  # the sizes a refusal's advice and smallest_size search, from 4 px up to this
+
+
+def smallest_size(cfg: Config, *, largest: int = LARGEST_SIZE) -> int | None:
     """The smallest ``data.size`` at which ``cfg``'s method (as configured) takes every view; None up to
     ``largest`` or for a sequence method."""
     if not _images(cfg):
@@ -325,7 +331,7 @@ def _size_refusal(cfg: Config, d: Decisions, problem: str) -> Refusal:
     """The refusal of ``data.size`` with the nearest sizes that work by the same rule (the stem decided again where
     it is auto): the next one up, and the last one below where there is one."""
     size = d.size
-    above = next((s for s in range(size + 1, 1025) if works_at(cfg, s)), None)
+    above = next((s for s in range(size + 1, LARGEST_SIZE + 1) if works_at(cfg, s)), None)
     below = next((s for s in range(size - 1, 3, -1) if works_at(cfg, s)), None)
     say = f"data.size {size} is too small for {cfg.method.name} with encoder {cfg.encoder.name}: {problem}"
     if above is None and below is None and _views(d)[1]:  # a view setting no size makes (a mistyped key)

@@ -10,7 +10,7 @@ from kontrast.checkpoint import RUN_CONFIG, STATE_FILE, latest_checkpoint, load_
 from kontrast.config import Config
 from kontrast.data import load_images
 from kontrast.data.cache import write_atomic
-from kontrast.decisions import check_inputs, view_specs
+from kontrast.decisions import check_source_kind, view_specs
 from kontrast.errors import UserError
 from kontrast.evaluate.finetune import check_finetune_args, finetune_top1
 from kontrast.evaluate.options import DEFAULTS, EvalOptions
@@ -80,7 +80,7 @@ def evaluate_run(path: str | Path, data: str | None = None, options: EvalOptions
     source = data or cfg.data.source
     kw = dict(size=cfg.data.size, cache_dir=cfg.data.cache_dir, skip_bad_images=cfg.data.skip_bad_images)
     train, test = load_images(source, "train", **kw), load_images(source, "test", **kw)
-    check_inputs(cfg, train)
+    check_source_kind(cfg, train.name, train.x.is_floating_point())  # evaluation reads labels, not the method's
     specs = run_views(ckpt, cfg, method)  # the recipe's normalisation; none for sequences
     spec = specs[0] if specs else None
     mean, std = (spec.mean, spec.std) if spec else (None, None)

@@ -278,8 +278,8 @@ def _build_method(plan: RunPlan, ranks: Ranks, data, resume: bool):
         method = method.to(memory_format=torch.channels_last)
     if tc.compile:  # in place (nn.Module.compile): same parameters and state_dict keys, checkpoints unchanged
         method.encoder.compile()  # (the view pipeline is compiled too: build_run's view_maker)
+    check_inputs(cfg, data)  # before bind_data: the data's kind, and labels or captions where the method reads them
     note = method.bind_data(data)  # per-sample data beside the images (CLIP's captions); None for most methods
     if note:
         print(note, file=sys.stderr)
-    check_inputs(cfg, data)
     return method
