@@ -15,7 +15,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # several test processes share the co
 # The suite's longest tests on the 2-core CI machine (their durations in a full `make test`, in seconds), run first so
 # the two test processes end together: pytest-xdist's worksteal hands each process half of the list and lets an idle
 # one take the tail of the other's queue, so a long test left at the end runs alone.
-LONGEST = {"test_learning[infomin]": 178, "test_learning_on_a_vit": 77, "test_learning[dino]": 54,
+LONGEST = {"test_learning[infomin]": 115, "test_learning_on_a_vit": 77, "test_learning[dino]": 54,
            "test_learning[moco_v2]": 52, "test_learning[cpc_v2]": 45, "test_learning[clip]": 42,
            "test_learning[moco_v1]": 36, "test_learning[byol]": 34, "test_learning[amdim]": 34,
            "test_learning[ibot]": 34,
