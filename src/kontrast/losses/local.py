@@ -36,7 +36,7 @@ def nce_shared_negatives(
     neg_lse = scores.masked_fill(~neg_mask, float("-inf")).logsumexp(dim=1)  # [N]
     rows, cols = pos_mask.nonzero(as_tuple=True)  # [P] each, one per positive pair
     pairs = torch.stack([scores[rows, cols], neg_lse[rows]], dim=1)  # [P, 2]: positive, pooled negatives
-    return info_nce(pairs, torch.zeros(len(rows), dtype=torch.long, device=scores.device))
+    return info_nce(pairs, torch.zeros_like(rows))  # [P] the positive is candidate 0
 
 
 def score_penalty(raw_scores: torch.Tensor) -> torch.Tensor:

@@ -14,8 +14,9 @@ class Queue(nn.Module):
 
     Buffers (saved in every checkpoint): ``items [size, dim]``, ``ptr`` (next row to
     overwrite) and ``filled`` (rows written so far, at most ``size``), 0-d int64 tensors
-    on the device, so pushing never syncs with the host. Starts as random unit vectors,
-    as MoCo does.
+    on the device, so pushing never syncs with the host. ``full`` answers from a count kept
+    on the host beside ``filled`` (read from it once, when a checkpoint is loaded), so asking
+    does not wait for the device either. Starts as random unit vectors, as MoCo does.
     """
 
     def __init__(self, size: int, dim: int, generator: torch.Generator | None = None):
@@ -24,6 +25,16 @@ class Queue(nn.Module):
         self.register_buffer("items", F.normalize(torch.randn(size, dim, generator=generator), dim=1))
         self.register_buffer("ptr", torch.zeros((), dtype=torch.long))
         self.register_buffer("filled", torch.zeros((), dtype=torch.long))
+        self.count = 0  # ``filled`` on the host
+
+    @property
+    def full(self) -> bool:
+        """Every row holds a pushed key."""
+        return self.count == self.size
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self.count = int(self.filled)  # a resumed run's queue: read once, here
 
     @torch.no_grad()
     def push(self, keys: torch.Tensor) -> None:
@@ -35,6 +46,7 @@ class Queue(nn.Module):
         self.items[rows] = keys.to(self.items.dtype)
         self.ptr.copy_((self.ptr + b) % self.size)
         self.filled.copy_(torch.clamp(self.filled + b, max=self.size))
+        self.count = min(self.count + b, self.size)
 
 
 class MemoryBank(nn.Module):

@@ -76,12 +76,14 @@ class IBOT(SelfDistillation):
         super().__init__(encoder, params, num_samples, ranks)  # the student's head and the teacher
         self.mask_token = nn.Parameter(torch.zeros(encoder.dim))  # [D] what a masked patch shows the student
 
-    def _masks(self, b: int, grid: tuple[int, int]) -> torch.Tensor:
+    def _masks(self, b: int, grid: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
         """``[2, b, h·w]`` this rank's rows of the global batch's masks, drawn alike on every rank from the step's
-        seed (the training room seeds each step from the run's seed and the step)."""
+        seed (the training room seeds each step from the run's seed and the step), and ``[M, 2]`` the (crop, patch)
+        of each masked patch: both on the host, where they are drawn, so nothing waits for the device."""
         p, w = self.params, self.ranks.world
         masks = batch_masks(2 * b * w, grid, step_generator(), p.mask_probability, (p.mask_ratio_min, p.mask_ratio_max))
-        return masks.view(2, w * b, -1)[:, self.ranks.own(b)]  # [2, b, N] view-major, rank order
+        masks = masks.view(2, w * b, -1)[:, self.ranks.own(b)]  # [2, b, N] view-major, rank order
+        return masks, masks.flatten(0, 1).nonzero()  # [2, b, N], [M, 2]
 
     def _student_tokens(self, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         tokens = self.encoder.forward_tokens(x, mask, self.mask_token)[0]  # [n, 1 + N, D]
@@ -102,22 +104,23 @@ class IBOT(SelfDistillation):
         p, b, v = self.params, views[0].shape[0], len(views)
         frozen, tau_t = self.schedule(progress)  # the prototypes frozen early; tau_t after its warm-up
         grid = (views[0].shape[-2] // self.encoder.patch_size, views[0].shape[-1] // self.encoder.patch_size)
-        masks = self._masks(b, grid)  # [2, b, N] the global crops' masks
+        masks, where = (t.to(views[0].device) for t in self._masks(b, grid))  # [2, b, N] global crops' masks
+        image, patch = where.unbind(1)  # [M] each: the crop and the patch of each masked patch
         # the student, per sample in micro-batches (base.py): masked global crops, then the local crops
         cls, patches = self.in_micro_batches(self._student_tokens, views[:2], list(masks))  # [2b, D], [2b, N, D]
         local = encode_views(self.encoder, views[2:], self.in_micro_batches) if v > 2 else cls[:0]  # [(V-2) b, D]
         z = self.in_micro_batches(self.head.embed, list(torch.cat([cls, local]).split(b)))  # [V b, bottleneck]
         s = self.head.prototypes(z, frozen=frozen).view(v, b, -1)  # [V, b, K] class-token logits
         masked = masks.flatten(0, 1)  # [2b, N]
-        s_patch = self.head.prototypes(self.head.embed(patches[masked]), frozen=frozen)  # [M, K] masked patches
+        s_patch = self.head.prototypes(self.head.embed(patches[image, patch]), frozen=frozen)  # [M, K] masked patches
         with torch.no_grad():  # the teacher: unmasked global crops
             t = self.in_micro_batches(self._teacher_tokens, views[:2])  # [2b, 1 + N, D]
-            t_cls, t_patch = self.target.net[1](t[:, 0]), self.target.net[1](t[:, 1:][masked])  # [2b, K], [M, K]
+            t_cls = self.target.net[1](t[:, 0])  # [2b, K]
+            t_patch = self.target.net[1](t[:, 1:][image, patch])  # [M, K]
         with float32(s):
             q_cls = self._codes(t_cls.float(), tau_t).view(2, b, -1)  # [2, b, K] Sinkhorn codes, class tokens
             q_patch = self._codes(t_patch.float(), tau_t)  # [M, K] Sinkhorn codes, masked patches
             dino = swapped_prediction(s, q_cls, p.student_temp)  # H(Q(x), P_s(x')), x' != x
-            image = masked.nonzero()[:, 0]  # [M] which global crop each masked patch is in
             ibot = masked_patch_loss(s_patch, q_patch, image, 2 * b, p.student_temp) if len(image) else s.sum() * 0
             spread = sum(koleo(self.ranks.gather(c)) for c in cls.float().split(b))  # each global crop's tokens
             loss = dino + p.ibot_weight * ibot + p.koleo_weight * spread

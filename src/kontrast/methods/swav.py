@@ -84,7 +84,7 @@ class SwAV(Method):
             codes, mine = [], self.ranks.own(b)  # this rank's rows of the batch
             for a in range(p.global_views):
                 s = self.ranks.gather(scores[a].detach())  # [BW, K] every rank's samples share the prototypes
-                if self.queues and int(self.queues[a].filled) == p.queue_size:  # a full queue joins the transport
+                if self.queues and self.queues[a].full:  # a full queue joins the transport
                     s = torch.cat([s, self.prototypes(self.queues[a].items)])  # [BW+Q, K]
                 codes.append(sinkhorn(s, p.sinkhorn_epsilon, p.sinkhorn_iterations)[mine])  # [B, K]
         loss = swapped_prediction(scores, torch.stack(codes), p.temperature)  # -sum_k q_k log softmax(scores / tau)_k

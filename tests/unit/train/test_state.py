@@ -36,9 +36,9 @@ def test_queue_is_fifo_and_wraps():
 def test_queue_counts_the_rows_written():
     q = Queue(size=5, dim=2)
     q.push(torch.ones(3, 2))
-    assert q.filled.item() == 3
+    assert q.filled.item() == q.count == 3 and not q.full  # the device's count and the host's agree
     q.push(torch.ones(4, 2))  # wraps: every row written, the count stops at the size
-    assert q.filled.item() == 5
+    assert q.filled.item() == q.count == 5 and q.full
 
 
 def test_queue_in_state_dict():
@@ -48,6 +48,9 @@ def test_queue_in_state_dict():
     r = Queue(4, 3)
     r.load_state_dict(sd)
     assert torch.equal(r.items, q.items) and r.ptr.item() == 2 and r.filled.item() == 2
+    assert r.count == 2  # the host's count, read from the checkpoint's
+    r.push(torch.ones(2, 3))
+    assert r.full
 
 
 def test_ema_update_is_exact():
