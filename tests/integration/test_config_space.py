@@ -30,9 +30,9 @@ from support.args import HANG_LIMIT
 from support.cli import cli_run
 from support.covering import all_pairs, covering_array, pairs_of
 from support.sizes import small_heads
+from support.steps import IMAGE_METHODS
 
 DEVICE = os.environ.get("KONTRAST_TEST_DEVICE", "cpu")  # benchmarks/gpu.sh runs the same cells with cuda
-IMAGE_METHODS = [name for name in METHODS.names() if METHODS.get(name).recipe is not None]
 # past every size switch: NT-Xent's row blocks from 2B x 2BW > 2^20 (B > 512 on 1 process, > 724 on 2); 4 | 732
 LARGE = 732
 ODD = 26  # divides by 2 processes (13 each); not by MoCo's 4 or 8 BN groups, nor by multi-crop's 6 or 8 views

@@ -10,14 +10,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kontrast.methods import METHODS
 from kontrast.methods.build import resolve
 from kontrast.train.loop import fit
 from support import ROOT
 from support.args import TINY_ENCODER
+from support.steps import IMAGE_METHODS
 
 TINY = {"encoder": TINY_ENCODER}
-IMAGE_METHODS = [name for name in METHODS.names() if METHODS.get(name).recipe is not None]
 
 
 # Short-budget settings per method, shared with the results table (benchmarks/results.py).

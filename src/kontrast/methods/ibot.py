@@ -111,7 +111,6 @@ class IBOT(SelfDistillation):
         local = encode_views(self.encoder, views[2:], self.in_micro_batches) if v > 2 else cls[:0]  # [(V-2) b, D]
         z = self.in_micro_batches(self.head.embed, list(torch.cat([cls, local]).split(b)))  # [V b, bottleneck]
         s = self.head.prototypes(z, frozen=frozen).view(v, b, -1)  # [V, b, K] class-token logits
-        masked = masks.flatten(0, 1)  # [2b, N]
         s_patch = self.head.prototypes(self.head.embed(patches[image, patch]), frozen=frozen)  # [M, K] masked patches
         with torch.no_grad():  # the teacher: unmasked global crops
             t = self.in_micro_batches(self._teacher_tokens, views[:2])  # [2b, 1 + N, D]
@@ -126,5 +125,5 @@ class IBOT(SelfDistillation):
             loss = dino + p.ibot_weight * ibot + p.koleo_weight * spread
         return {"loss": loss, "dino": dino.detach(), "ibot": ibot.detach(), "koleo": spread.detach(),
                 "embedding_std": embedding_std(z[:b]), "teacher_temp": torch.tensor(tau_t),
-                "masked_share": masked.float().mean(), "last_layer_frozen": torch.tensor(float(frozen)),
+                "masked_share": masks.float().mean(), "last_layer_frozen": torch.tensor(float(frozen)),
                 **target_statistics(q_cls)}

@@ -10,23 +10,19 @@ import torch
 import torchvision
 from torch import nn
 
-from kontrast.augment import make_views
 from kontrast.config import load_yaml
-from kontrast.data import Samples
-from kontrast.decisions import view_specs
 from kontrast.encoders import check_encoder_name, create_encoder
 from kontrast.encoders.vit import VisionTransformer, default_patch_size, sincos_2d
 from kontrast.errors import UserError
-from kontrast.methods import METHODS
 from kontrast.methods.base import Progress
 from kontrast.methods.build import create_method, resolve
 from kontrast.outputs.export import backbone_info, export_backbone, load_backbone, write_backbone
 from kontrast.train.loop import fit
 from kontrast.train.optim import create_optimizer
 from support import ROOT
+from support.steps import IMAGE_METHODS, method_and_views
 
 TINY_VIT = {"name": "vit_tiny", "width": 0.125, "depth": 1}  # dim 24, 3 heads of 8: cheap on CPU
-IMAGE_METHODS = [name for name in METHODS.names() if METHODS.get(name).recipe is not None]
 NEEDS_MAPS = {"amdim"}  # three scales of feature maps: refused on a ViT
 
 
@@ -140,10 +136,7 @@ def test_every_image_method_steps_on_a_vit(name):
         with pytest.raises(UserError, match="encoder.name"):
             create_method(cfg, num_samples=8)
         return
-    method = create_method(cfg, num_samples=8)
-    images = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
-    method.bind_data(Samples(images, torch.arange(8) % 2, ["cat", "dog"], "smoke"))
-    views = make_views(images, view_specs(cfg), torch.Generator().manual_seed(0))
+    method, views = method_and_views(cfg)
     out = method.training_step(views, torch.arange(8), Progress(step=0, epoch=0, total_steps=2, steps_per_epoch=1))
     assert out["loss"].ndim == 0 and torch.isfinite(out["loss"])
     out["loss"].backward()

@@ -18,15 +18,11 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 import kontrast.methods.ibot
 import kontrast.methods.lejepa
-from kontrast.augment import make_views
-from kontrast.data import Samples
-from kontrast.decisions import view_specs
-from kontrast.methods import METHODS
 from kontrast.methods.base import Progress
-from kontrast.methods.build import create_method, resolve
+from kontrast.methods.build import resolve
 from support.args import tiny_encoder
+from support.steps import IMAGE_METHODS, method_and_views
 
-IMAGE_METHODS = [name for name in METHODS.names() if METHODS.get(name).recipe is not None]
 HOST_DRAWS = [(kontrast.methods.ibot.IBOT, "_masks"), (kontrast.methods.lejepa, "unit_directions")]
 # SwAV with a queue that its first step fills, so that it joins the second step's transport
 SETTINGS = {"swav": {"queue_size": 8, "queue_start_epochs": 0.0}}
@@ -44,10 +40,7 @@ def test_a_step_on_fake_cuda_makes_no_tensor_on_the_host(name, monkeypatch):
     for module, draw in HOST_DRAWS:
         monkeypatch.setattr(module, draw, on_the_host(getattr(module, draw)))
     cfg = resolve({"method": {"name": name, **SETTINGS.get(name, {})}, "encoder": tiny_encoder(name)})
-    method = create_method(cfg, num_samples=8)
-    images = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
-    method.bind_data(Samples(images, torch.arange(8) % 2, ["cat", "dog"], "fake"))  # (CLIP's captions) on the host
-    views = make_views(images, view_specs(cfg), torch.Generator().manual_seed(0))
+    method, views = method_and_views(cfg)  # on the host, data bound
     with FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv()):
         method = method.to("cuda")  # what the training room does with the device
         assert {t.device.type for t in [*method.parameters(), *method.buffers()]} == {"cuda"}

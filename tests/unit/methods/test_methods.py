@@ -5,27 +5,21 @@ import torch
 from safetensors.torch import save
 
 from kontrast.augment import make_views
-from kontrast.data import Samples
 from kontrast.decisions import view_specs
-from kontrast.methods import METHODS
 from kontrast.methods.base import Progress
 from kontrast.methods.build import create_method, resolve
 from support.args import TINY_ENCODER, tiny_encoder
+from support.steps import IMAGE_METHODS, method_and_views
 
 TINY = {"encoder": TINY_ENCODER}
-# Methods on images; sequence methods (recipe None: CPC v1) have their own tests in test_local_methods.py.
-IMAGE_METHODS = [name for name in METHODS.names() if METHODS.get(name).recipe is not None]
+# IMAGE_METHODS: sequence methods (recipe None: CPC v1) have their own tests in test_local_methods.py.
 
 
 @pytest.mark.parametrize("name", IMAGE_METHODS)
 def test_smoke_step(name):
     cfg = resolve({"method": {"name": name}, "encoder": tiny_encoder(name)})
-    method = create_method(cfg, num_samples=8)  # a dataset of 8 images (sizes per-sample state)
+    method, views = method_and_views(cfg)  # a dataset of 8 images, bound as the loop binds it
     assert method.description and method.recipe
-    images = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
-    # as the loop does (CLIP's captions)
-    method.bind_data(Samples(images, torch.arange(8) % 2, ["cat", "dog"], "smoke"))
-    views = make_views(images, view_specs(cfg), torch.Generator().manual_seed(0))
     before = [p.detach().clone() for p in method.parameters()]
     out = method.training_step(views, torch.arange(8), Progress(step=0, epoch=0, total_steps=2, steps_per_epoch=1))
     assert out["loss"].ndim == 0 and torch.isfinite(out["loss"])
