@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -131,6 +132,14 @@ class SignalStop:
             signal.signal(signum, self._previous.get(signum) or signal.SIG_DFL)
             raise KeyboardInterrupt
         self.received = signum
+
+    def agreed(self, largest_over_ranks: Callable[[int], int] | None = None) -> int | None:
+        """The signal this step stops on (None: go on); with ``largest_over_ranks`` (the largest value of any rank,
+        one collective), the same on every rank. ``received`` is read once and never written here: a signal that
+        lands while the ranks compare (both waiting in the collective) counts at the next step on every rank,
+        where writing the comparison's result back would lose it on all of them and the run would not stop."""
+        received = self.received or 0
+        return (largest_over_ranks(received) if largest_over_ranks else received) or None
 
     def __exit__(self, *exc) -> None:
         for sig, handler in self._previous.items():

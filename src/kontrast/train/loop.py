@@ -263,19 +263,18 @@ class Loop:
     def _after_step(self, stop: SignalStop, epoch: int, i: int) -> None:
         """The epoch's end, a checkpoint when one is due, and a stop that a signal asked for."""
         tc = self.plan.cfg.train
-        if self.ranks.world > 1:  # a signal stops every rank after the same step
-            stop.received = distributed.max_over_ranks(stop.received or 0) or None
+        received = stop.agreed(distributed.max_over_ranks if self.ranks.world > 1 else None)  # every rank alike
         epoch_end = i == self.schedule.steps_per_epoch - 1
         if epoch_end:
             self.events.emit("epoch_end", self, epoch)
         ckpt = None
-        if epoch_end or (tc.checkpoint_every and self.step % tc.checkpoint_every == 0) or stop.received:
+        if epoch_end or (tc.checkpoint_every and self.step % tc.checkpoint_every == 0) or received:
             ckpt = self.save()
-        if stop.received:
+        if received:
             launch.report_checkpointed(self.ranks.rank, self.step)  # under --nproc: the launcher counts these
-            name = signal.Signals(stop.received).name
+            name = signal.Signals(received).name
             raise Interrupted(f"{name} after step {self.step} of {self.schedule.total_steps}; checkpoint {ckpt}; "
-                              f"continue with: {self.resume_command()}", 128 + stop.received)
+                              f"continue with: {self.resume_command()}", 128 + received)
 
     def _count_skip(self) -> None:
         """A skipped step (``train.nonfinite=skip``): warn, and stop after ``train.max_skips`` in a row."""
