@@ -90,13 +90,15 @@ class Ranks:
         ``x``); the gradient flows back to the rank that sent it."""
         return x
 
-    def gather_uneven(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    def gather_uneven(self, x: torch.Tensor, counts: list[int] | None = None) -> tuple[torch.Tensor, int]:
         """Every rank's ``x [n_r, ...]`` in rank order, where the ranks' n differ (iBOT's masked patches), and where
         this rank's rows start: each pads to the largest n for :meth:`gather`, then the padding is cut (one process:
-        ``(x, 0)``)."""
+        ``(x, 0)``). ``counts``: every rank's n when each rank knows them on the host (iBOT draws the global batch's
+        masks on every rank); without them the ranks exchange them first, and the device waits for that read."""
         if self.world == 1:
             return x, 0
-        counts = self.gather(torch.tensor([x.shape[0]], device=x.device)).tolist()  # [W] rows of each rank
+        if counts is None:
+            counts = self.gather(torch.tensor([x.shape[0]], device=x.device)).tolist()  # [W] rows of each rank
         padded = x.new_zeros(max(counts), *x.shape[1:])
         padded[:x.shape[0]] = x
         every = self.gather(padded).view(len(counts), max(counts), *x.shape[1:])  # [W, max n, ...]

@@ -76,14 +76,16 @@ class IBOT(SelfDistillation):
         super().__init__(encoder, params, num_samples, ranks)  # the student's head and the teacher
         self.mask_token = nn.Parameter(torch.zeros(encoder.dim))  # [D] what a masked patch shows the student
 
-    def _masks(self, b: int, grid: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _masks(self, b: int, grid: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """``[2, b, h·w]`` this rank's rows of the global batch's masks, drawn alike on every rank from the step's
-        seed (the training room seeds each step from the run's seed and the step), and ``[M, 2]`` the (crop, patch)
-        of each masked patch: both on the host, where they are drawn, so nothing waits for the device."""
+        seed (the training room seeds each step from the run's seed and the step), ``[M, 2]`` the (crop, patch)
+        of each masked patch, and every rank's M: all on the host, where they are drawn, so nothing waits for the
+        device and the ranks need not tell each other how many patches they masked."""
         p, w = self.params, self.ranks.world
-        masks = batch_masks(2 * b * w, grid, step_generator(), p.mask_probability, (p.mask_ratio_min, p.mask_ratio_max))
-        masks = masks.view(2, w * b, -1)[:, self.ranks.own(b)]  # [2, b, N] view-major, rank order
-        return masks, masks.flatten(0, 1).nonzero()  # [2, b, N], [M, 2]
+        every = batch_masks(2 * b * w, grid, step_generator(), p.mask_probability, (p.mask_ratio_min, p.mask_ratio_max))
+        every = every.view(2, w, b, -1)  # [2, W, b, N] view-major, rank order
+        masks = every[:, self.ranks.rank]  # [2, b, N] this rank's
+        return masks, masks.flatten(0, 1).nonzero(), every.sum((0, 2, 3)).tolist()  # [2, b, N], [M, 2], [W]
 
     def _student_tokens(self, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         tokens = self.encoder.forward_tokens(x, mask, self.mask_token)[0]  # [n, 1 + N, D]
@@ -92,9 +94,9 @@ class IBOT(SelfDistillation):
     def _teacher_tokens(self, x: torch.Tensor) -> torch.Tensor:
         return self.target.net[0].forward_tokens(x)[0]  # [n, 1 + N, D]
 
-    def _codes(self, logits: torch.Tensor, tau: float) -> torch.Tensor:
-        """Sinkhorn-Knopp codes of ``logits [n, K]`` over every rank's rows (each rank's n may differ), own rows."""
-        rows, start = self.ranks.gather_uneven(logits)  # [sum n, K]
+    def _codes(self, logits: torch.Tensor, tau: float, counts: list[int]) -> torch.Tensor:
+        """Sinkhorn-Knopp codes of ``logits [n, K]`` over every rank's rows (``counts``: each rank's n), own rows."""
+        rows, start = self.ranks.gather_uneven(logits, counts)  # [sum n, K]
         if rows.shape[0] == 0:  # no masked patch anywhere (a 1x1 grid, mask_probability 0)
             return logits
         return sinkhorn(rows, tau, self.params.sinkhorn_iterations)[start:start + logits.shape[0]]  # [n, K]
@@ -104,7 +106,8 @@ class IBOT(SelfDistillation):
         p, b, v = self.params, views[0].shape[0], len(views)
         frozen, tau_t = self.schedule(progress)  # the prototypes frozen early; tau_t after its warm-up
         grid = (views[0].shape[-2] // self.encoder.patch_size, views[0].shape[-1] // self.encoder.patch_size)
-        masks, where = (t.to(views[0].device) for t in self._masks(b, grid))  # [2, b, N] global crops' masks
+        masks, where, masked = self._masks(b, grid)  # [2, b, N] global crops' masks, [M, 2], [W] every rank's M
+        masks, where = masks.to(views[0].device), where.to(views[0].device)
         image, patch = where.unbind(1)  # [M] each: the crop and the patch of each masked patch
         # the student, per sample in micro-batches (base.py): masked global crops, then the local crops
         cls, patches = self.in_micro_batches(self._student_tokens, views[:2], list(masks))  # [2b, D], [2b, N, D]
@@ -117,8 +120,8 @@ class IBOT(SelfDistillation):
             t_cls = self.target.net[1](t[:, 0])  # [2b, K]
             t_patch = self.target.net[1](t[:, 1:][image, patch])  # [M, K]
         with float32(s):
-            q_cls = self._codes(t_cls.float(), tau_t).view(2, b, -1)  # [2, b, K] Sinkhorn codes, class tokens
-            q_patch = self._codes(t_patch.float(), tau_t)  # [M, K] Sinkhorn codes, masked patches
+            q_cls = self._codes(t_cls.float(), tau_t, [2 * b] * self.ranks.world).view(2, b, -1)  # [2, b, K] codes
+            q_patch = self._codes(t_patch.float(), tau_t, masked)  # [M, K] Sinkhorn codes, masked patches
             dino = swapped_prediction(s, q_cls, p.student_temp)  # H(Q(x), P_s(x')), x' != x
             ibot = masked_patch_loss(s_patch, q_patch, image, 2 * b, p.student_temp) if len(image) else s.sum() * 0
             spread = sum(koleo(self.ranks.gather(c)) for c in cls.float().split(b))  # each global crop's tokens

@@ -18,7 +18,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 import kontrast.methods.ibot
 import kontrast.methods.lejepa
-from kontrast.methods.base import Progress
+from kontrast.methods.base import Progress, Ranks
 from kontrast.methods.build import resolve
 from support.args import tiny_encoder
 from support.steps import IMAGE_METHODS, method_and_views
@@ -61,3 +61,29 @@ def test_a_tensor_made_on_the_host_inside_a_step_is_found():
         x = torch.randn(4, 8, device="cuda")
         with pytest.raises(FakeTensorDeviceMismatchError):
             torch.where(torch.rand(4, 8) > 0.5, x, 0.0)  # [4, 8] host mask against device tokens
+
+
+class _TwoRanksInOne(Ranks):
+    """Two ranks as rank 0 of them sees them, with no second process: every gather returns this rank's rows twice,
+    so a step has the shapes it has on two processes."""
+
+    world = 2
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x, x])
+
+
+def test_ibot_on_two_ranks_reads_nothing_back_from_the_device(monkeypatch):
+    """iBOT's Sinkhorn codes span every rank's masked patches, whose counts differ by rank: every rank knows them on
+    the host (the global batch's masks are drawn on each), so a step exchanges no count and reads none back from the
+    device, which would stall each step on a GPU (under the fake mode, a count read from the device has no value)."""
+    for module, draw in HOST_DRAWS:
+        monkeypatch.setattr(module, draw, on_the_host(getattr(module, draw)))
+    cfg = resolve({"method": {"name": "ibot"}, "encoder": tiny_encoder("ibot")})
+    method, views = method_and_views(cfg)
+    method.ranks = _TwoRanksInOne()
+    with FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv()):
+        method = method.to("cuda")
+        out = method.training_step([v.to("cuda") for v in views], torch.arange(8, device="cuda"),
+                                   Progress(step=0, epoch=0, total_steps=4, steps_per_epoch=1))
+        assert out["loss"].device.type == "cuda" and out["loss"].ndim == 0
