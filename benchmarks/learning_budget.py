@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -30,41 +31,41 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from kontrast.config import merge, parse_override  # noqa: E402
-from learning.test_learning import GAIN, TEST_DEFAULTS, VIT_BUDGET, run_learning  # noqa: E402
+from learning.test_learning import GAIN, VIT_BUDGET, run_learning, whole_entry  # noqa: E402
 
 # the learning test's MoCo v3 on a small ViT (test_learning_on_a_vit), by a name of its own
 EXTRA_BUDGETS = {"moco_v3_vit": ("moco_v3", VIT_BUDGET)}
 BUDGETS = yaml.safe_load((ROOT / "configs/short_budget.yaml").read_text())
 
 
-def _budget(run: dict) -> tuple:
-    """What a run's budget was: epochs, images, size and any --set overrides."""
-    return run["epochs"], run["limit"], run["size"], tuple(run.get("set", ()))
+def _budget(entry: dict) -> str:
+    """An entry with every test-only setting spelled out, as one comparable string."""
+    return json.dumps(whole_entry(entry), sort_keys=True)
 
 
-def current_budget(method: str) -> tuple:
-    """The budget the learning test runs now for ``method`` (its configs/short_budget.yaml entry's ``test:``)."""
-    entry = EXTRA_BUDGETS[method][1] if method in EXTRA_BUDGETS else BUDGETS[method]
-    test = {**TEST_DEFAULTS, **entry.get("test", {})}
-    return test["epochs"], test["limit"], test["size"], ()
+def current_entry(method: str) -> dict:
+    """The entry the learning test runs now for ``method`` (configs/short_budget.yaml, or the ViT test's)."""
+    return EXTRA_BUDGETS[method][1] if method in EXTRA_BUDGETS else BUDGETS[method]
 
 
 def report(files: list[str]) -> str:
     """The table of docs/lab/learning-tests.md: per method (the runs at the budget its test runs now), the gain of
     the trained over the untrained encoder's kNN for every seed under every kernel set, their spread, the worst gain
-    in units of the spread, and the worst gain's margin over the test's line (GAIN)."""
+    in units of the spread, the worst gain's margin over the test's line (GAIN), and how many standard deviations of
+    the gains the line lies below their mean (what the chance of another seed or CPU failing the test turns on)."""
     runs = [{"kernels": label, **json.loads(line)} for label, path in (f.split("=", 1) for f in files)
             for line in Path(path).read_text().splitlines() if line.strip()]
     out = ["| method | budget (epochs x images) | gains (kNN trained - untrained), seed 0/1/2 per kernel set | spread "
-           f"| worst gain | worst / spread | worst - line ({GAIN}) |", "|---|---|---|---|---|---|---|"]
+           f"| worst gain | worst / spread | worst - line ({GAIN}) | (mean - line) / sd |",
+           "|---|---|---|---|---|---|---|---|"]
     for method in dict.fromkeys(r["method"] for r in runs):
-        budget = current_budget(method)
-        mine = [r for r in runs if r["method"] == method and _budget(r) == budget]
+        entry = current_entry(method)  # the runs of the whole entry the test runs now, not only its epochs and size
+        mine = [r for r in runs if r["method"] == method and _budget(r["entry"]) == _budget(entry)]
+        test = whole_entry(entry)["test"]
+        epochs = f"{test['epochs']} x {test['limit']} at {test['size']} px"
         if not mine:
-            out.append(f"| {method} | {budget[0]} x {budget[1]} at {budget[2]} px | not measured at this budget "
-                       "| | | | |")
+            out.append(f"| {method} | {epochs} | not measured at this budget | | | | | |")
             continue
-        epochs = f"{budget[0]} x {budget[1]} at {budget[2]} px" + (" " + " ".join(budget[3]) if budget[3] else "")
         by_kernels = {}
         for r in mine:
             by_kernels.setdefault(r["kernels"], {})[r["seed"]] = r["knn_trained"] - r["knn_untrained"]
@@ -73,7 +74,10 @@ def report(files: list[str]) -> str:
         cells = "; ".join(f"{k} " + " / ".join(f"{seeds[s]:+.3f}" for s in sorted(seeds))
                           for k, seeds in by_kernels.items())
         ratio = f"{worst / spread:.1f}" if spread > 0 else "-"
-        out.append(f"| {method} | {epochs} | {cells} | {spread:.3f} | {worst:+.3f} | {ratio} | {worst - GAIN:+.3f} |")
+        mean, sd = statistics.fmean(gains), statistics.stdev(gains) if len(gains) > 1 else 0.0
+        z = f"{(mean - GAIN) / sd:.1f}" if sd > 0 else "-"
+        out.append(f"| {method} | {epochs} | {cells} | {spread:.3f} | {worst:+.3f} | {ratio} | {worst - GAIN:+.3f} "
+                   f"| {z} |")
     return "\n".join(out)
 
 

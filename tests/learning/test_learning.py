@@ -90,7 +90,14 @@ def run_learning(name: str, budget: dict, tmp_path: Path, tar: Path, seed: int =
     first, last = sum(losses[:w]) / w, sum(losses[-w:]) / w
     learned = last < first and knn[-1] > 2 * 0.1 and knn[-1] >= knn[0] + GAIN
     return {"loss_first": first, "loss_last": last, "knn_untrained": knn[0], "knn_trained": knn[-1], "passes": learned,
-            "epochs": test["epochs"], "limit": test["limit"], "size": test["size"], "precision": test["precision"]}
+            "epochs": test["epochs"], "limit": test["limit"], "size": test["size"], "precision": test["precision"],
+            "entry": whole_entry(budget)}
+
+
+def whole_entry(budget: dict) -> dict:
+    """A short_budget.yaml-style entry with every test-only setting spelled out: what a run trained, comparable
+    with another run's (benchmarks/learning_budget.py reports the runs whose entry is the test's now)."""
+    return {**budget, "test": {**TEST_DEFAULTS, **budget.get("test", {})}}
 
 
 def _learns(name: str, budget: dict, tmp_path: Path, tar: Path, label: str = "") -> None:
