@@ -56,7 +56,8 @@ def _train_args(sub) -> None:
     p.add_argument("--method", help="method name (see `kontrast methods`); default simclr")
     _plugin_arg(p)
     p.add_argument("--data", help="shapes | ImageFolder dir | .tar/.tar.gz | CIFAR folder | tar shards (a `kontrast "
-                   "shards` folder or 'dir/train-{000000..000009}.tar'); data.mode=auto|memory|stream picks the "
+                   "shards` folder or 'dir/train-{000000..000009}.tar', on disk or at s3://, gs://, https://); "
+                   "data.mode=auto|memory|stream picks the "
                    "path (default: shapes)")
     p.add_argument("--epochs", type=int, help="passes over the training images (default: the method's)")
     p.add_argument("--batch-size", type=int, help="images per step, all processes together (default: the method's)")

@@ -123,7 +123,7 @@ def _at_size(cfg: Config, needs: Needs) -> Decisions:
     reasons = []
     size = cfg.data.size
     if size == "auto":
-        size, why = auto_size(cfg.data.source)
+        size, why = auto_size(cfg.data.source, cfg.data.cache_dir)
         reasons.append(f"size: {why}; set data.size=N to choose")
     side = needs.encoder_side or size
     stem = cfg.encoder.stem
@@ -143,11 +143,12 @@ def _at_size(cfg: Config, needs: Needs) -> Decisions:
                      encoder_args=encoder_args(cfg), needs=needs, reasons=tuple(reasons))
 
 
-def auto_size(source: str) -> tuple[int, str]:
+def auto_size(source: str, cache_dir: str | None = None) -> tuple[int, str]:
     """``data.size: auto``: small images (below ``NATIVE_SIZE`` px, CIFAR-like) train at their own side, larger
     ones at ``min(side, AUTO_SIZE)``; and the words saying so. The side is the median shorter side of the first
-    images (:func:`kontrast.data.native.native_side`); 32 for a source without image files (sequences)."""
-    side = native_side(source)
+    images (:func:`kontrast.data.native.native_side`; ``cache_dir``: where shards at a URL are indexed); 32 for a
+    source without image files (sequences)."""
+    side = native_side(source, cache_dir)
     if side is None:
         return 32, "32 px (auto: no image files to measure)"
     if side < NATIVE_SIZE:

@@ -64,7 +64,8 @@ def check_fields(obj: Any, prefix: str) -> None:
 
 @dataclass(frozen=True)
 class DataConfig:
-    source: str = "shapes"  # "shapes", an ImageFolder dir, a .tar(.gz), a CIFAR folder
+    source: str = "shapes"  # "shapes", an ImageFolder dir, a .tar(.gz), a CIFAR folder, tar shards (on disk or at
+                            # s3://, gs://, https://)
     size: int | Literal["auto"] = checked("auto", ge=4)  # training side in px; auto: images under 64 px at their own,
                                                          # larger at up to 96
     skip_bad_images: bool = False  # an unreadable image is replaced by another (and reported), not a stop

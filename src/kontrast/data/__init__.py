@@ -1,8 +1,10 @@
 """Data room: sources (built-in shapes and sequences, ImageFolder trees, tar archives, CIFAR
 pickles, paired image-caption files), a content-keyed on-disk cache, and deterministic batch order;
 and tar shards in the WebDataset convention: written from a folder (:mod:`~kontrast.data.shard_writer`),
-indexed for reading by sample number (:mod:`~kontrast.data.shard_index`), and the shapes written as
-files at any resolution (:mod:`~kontrast.data.shapes_files`); and the streaming path's pieces: a folder or
+indexed for reading by sample number (:mod:`~kontrast.data.shard_index`), on disk or at a URL (``s3://``,
+``gs://``, ``https://``: :mod:`~kontrast.data.remote`; read through a bounded local cache,
+:mod:`~kontrast.data.shard_cache`); and the shapes written as files at any resolution
+(:mod:`~kontrast.data.shapes_files`); and the streaming path's pieces: a folder or
 shards addressed by sample number (:func:`open_stream`), decoded at the views' crops
 (:mod:`~kontrast.data.stream_decode`) by a DataLoader Dataset (:mod:`~kontrast.data.stream_dataset`).
 

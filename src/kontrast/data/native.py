@@ -12,12 +12,14 @@ import io
 import os
 import statistics
 import tarfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 from PIL import Image
 
 from kontrast.data.layout import is_image_path
+from kontrast.data.remote import is_url
 from kontrast.errors import UserError
 from kontrast.registry import SOURCES
 
@@ -25,15 +27,16 @@ SAMPLED = 16  # image headers read
 BUILTIN_SIDE = 32  # the built-in shapes and CIFAR pickles: 32 px images
 
 
-def native_side(source: str) -> int | None:
+def native_side(source: str, cache_dir: str | None = None) -> int | None:
     """Median shorter side, in pixels, of the first images of ``source``; None for a source without image files
-    (sequences) or whose images could not be read (the data loader reports those)."""
+    (sequences) or whose images could not be read (the data loader reports those). ``cache_dir``: the run's
+    ``data.cache_dir``, where shards at a URL are indexed."""
     kind = source_kind(source)
     if kind == "sequences":
         return None
     if kind in ("shapes", "cifar"):
         return BUILTIN_SIDE
-    sides = [min(size) for size in _image_sizes(source, kind)]
+    sides = [min(size) for size in _image_sizes(source, kind, cache_dir)]
     return int(statistics.median_low(sides)) if sides else None
 
 
@@ -45,7 +48,7 @@ def source_kind(source: str) -> str | None:
     return None
 
 
-def _image_sizes(source: str, kind: str | None) -> Iterator[tuple[int, int]]:
+def _image_sizes(source: str, kind: str | None, cache_dir: str | None) -> Iterator[tuple[int, int]]:
     path = Path(source).expanduser()
     if kind == "pairs":
         from kontrast.data.pairs import read_pairs
@@ -55,6 +58,8 @@ def _image_sizes(source: str, kind: str | None) -> Iterator[tuple[int, int]]:
         except UserError:
             return
         blobs = (_read(path.parent / row["image"]) for row in rows)
+    elif kind == "shards" and is_url(source):
+        blobs = _remote_images(source, cache_dir)
     elif kind == "shards":
         from kontrast.data.shard_index import shard_files
 
@@ -97,6 +102,18 @@ def _folder_images(root: Path) -> Iterator[Path]:
             yield from _folder_images(Path(entry.path))
         elif is_image_path(entry.name):
             yield Path(entry.path)
+
+
+def _remote_images(source: str, cache_dir: str | None) -> Iterator[bytes]:
+    """The first images of shards at a URL, through their index: the run's index pass (shards copied into the
+    shard cache, the index recorded) happens here, and the loader's later opens read its records. A UserError
+    (a missing shard, a refusal, a server that stays down after its retries) is raised here, as the loader would."""
+    from kontrast.data.shard_index import open_shards, read_sample
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # bad images: the loader reports them
+        index = open_shards(source, cache_dir=cache_dir, skip_bad_images=True)
+    yield from (read_sample(index, i)[0] for i in range(min(SAMPLED, len(index))))
 
 
 def _tar_images(path: Path) -> Iterator[bytes]:

@@ -17,7 +17,7 @@ import torch
 
 from kontrast.data.decode import decode_blobs, report_bad_images
 from kontrast.data.samples import Samples, SourceKind
-from kontrast.data.shard_index import open_shards, read_sample
+from kontrast.data.shard_index import names_index_folder, open_shards, read_sample
 from kontrast.data.shard_writer import INDEX_NAME
 from kontrast.data.stream_source import is_shard_spec
 from kontrast.errors import UserError
@@ -29,8 +29,7 @@ def load_shards(source: str | os.PathLike, split: str, *, size: int, cache_dir: 
     """One split of a set of shards as uint8 ``[N, 3, size, size]``; a sample that fails to decode is named
     with the others (UserError) or left out with a warning (``skip_bad_images``)."""
     where = os.fspath(source)
-    folder = Path(where).expanduser()
-    if split == "test" and not (folder / INDEX_NAME).is_file():
+    if split == "test" and not names_index_folder(where):
         raise UserError(f"{where} names shards without an {INDEX_NAME}: they hold one split, read as train; kNN and "
                         "linear scores need a test split: write the folder with `kontrast shards` (train and test "
                         "shards, index.json) and pass that folder")

@@ -63,9 +63,10 @@ class _Scan:
         self.paths.append(meta["path"] if isinstance(meta.get("path"), str) else key)
 
 
-def scan_shard(path: Path, digest: str) -> tuple[dict, list[list[str]]]:
+def scan_shard(path: Path, digest: str, source: str | None = None) -> tuple[dict, list[list[str]]]:
     """Index a shard nobody indexed: group members by key in tar order (as WebDataset does), read the
-    small ones (``.cls``, ``.json``) and every image's header. Returns the entry and the bad samples."""
+    small ones (``.cls``, ``.json``) and every image's header. Returns the entry and the bad samples.
+    ``source``: where the shard is when ``path`` is a local copy of it (a URL), for its name and messages."""
     scan, payloads = _Scan(), {}
     try:
         with tarfile.open(path, mode="r:") as tar:  # random access: headers read, member data seeked over
@@ -89,9 +90,10 @@ def scan_shard(path: Path, digest: str) -> tuple[dict, list[list[str]]]:
             if scan.keys:
                 scan.finish_sample(payloads)
     except (tarfile.TarError, OSError, EOFError) as exc:
-        raise UserError(f"cannot read shard {path} ({exc}); it may be truncated or not a tar: copy or "
+        raise UserError(f"cannot read shard {source or path} ({exc}); it may be truncated or not a tar: copy or "
                         "write it again") from exc
-    entry = {"name": path.name, "split": None, "sha256": digest, "bytes": path.stat().st_size,
+    name = source.rstrip("/").rsplit("/", 1)[-1] if source else path.name
+    entry = {"name": name, "split": None, "sha256": digest, "bytes": path.stat().st_size,
              "count": len(scan.keys), "member_count": sum(len(m) for m in scan.members), "keys": scan.keys,
              "labels": scan.labels if any(label is not None for label in scan.labels) else None,
              "paths": scan.paths, "members": scan.members,

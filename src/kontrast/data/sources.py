@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from kontrast.data.remote import is_url
 from kontrast.data.samples import Samples
 from kontrast.errors import UserError
 from kontrast.registry import SOURCES
@@ -91,11 +92,13 @@ def _all_splits(source: str, **kw) -> Samples:
 
 def absolute_source(source: str) -> str:
     """``source`` with a path on disk made absolute (a run's config then works from any folder);
-    built-in names (``shapes``, ``sequences:N``) and missing paths are returned as given."""
+    built-in names (``shapes``, ``sequences:N``), URLs and missing paths are returned as given."""
     for name in SOURCES.names():
         kind = SOURCES.get(name)
         if kind.order == 0 and kind.matches(source):
             return source
+    if is_url(source):
+        return source
     path = Path(source).expanduser()
     if "{" in source and not path.exists():  # a brace pattern of shards: its folder made absolute
         return os.path.abspath(os.path.expanduser(source))

@@ -10,7 +10,9 @@ DataLoader's workers decode (:mod:`kontrast.data.stream_decode`); each view's cr
 A sample whose bytes fail to decode mid-epoch (what the header pass cannot see) comes back marked: under
 strict handling the batch carries ``bad`` and the training loop stops before the step; with ``skip_bad_images``
 it is replaced by another sample drawn from (seed, epoch, sample) (:func:`replacement`), decoded with the
-bad sample's own crop keys and kept under its number, and the batch lists it in ``replaced``. A worker never
+bad sample's own crop keys and kept under its number, and the batch lists it in ``replaced``. Shards at a URL
+that cannot be read (:class:`~kontrast.data.remote.Unreachable`: the storage failed after its retries, not the
+image) stop the run either way: it resumes where it stopped once the storage answers. A worker never
 raises for a bad file (its traceback would reach the user): it marks the sample, and the loop says what is wrong.
 """
 
@@ -25,6 +27,7 @@ from torch.utils.data import Dataset, Sampler
 from kontrast.augment.rng import derive_key
 from kontrast.augment.views import ViewSpec
 from kontrast.data.batches import batch_indices
+from kontrast.data.remote import Unreachable
 from kontrast.data.stream_decode import batch_crop_boxes, decode_crops, decode_views, image_size
 from kontrast.data.stream_source import StreamSource
 
@@ -96,7 +99,7 @@ class StreamViews(Dataset):
     def _bad(self, epoch: int, i: int, why: str) -> StreamItem:
         """Sample ``i`` failed: marked (strict), or replaced by a readable stand-in with its own crop keys (skip)."""
         bad = (self.source.locate(i), why)
-        if not self.skip_bad:
+        if not self.skip_bad or isinstance(why, Unreachable):
             return StreamItem(i, None, bad)
         for attempt in range(MAX_REPLACEMENTS):
             j = replacement(self.seed, epoch, i, attempt, len(self.source))

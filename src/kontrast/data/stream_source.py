@@ -10,7 +10,8 @@ Sources it reads (:func:`is_shard_spec` tells shards from a folder):
 
 * an ImageFolder directory (``train/`` + ``test/``, class folders only, or a flat folder);
 * shards: a folder written by ``kontrast shards`` (with ``index.json``), a folder of ``.tar`` files, or a
-  brace pattern ``"shards/train-{000000..000127}.tar"`` (WebDataset's convention).
+  brace pattern ``"shards/train-{000000..000127}.tar"`` (WebDataset's convention); on disk or at a URL
+  (``s3://``, ``gs://``, ``https://``: read through a local cache, :mod:`kontrast.data.shard_cache`).
 
 The ``webdataset`` package's reader is not used (the files follow its convention, so it reads them): it is
 an IterableDataset that streams each shard in order through a shuffle buffer, so it cannot fetch sample ``i``,
@@ -39,8 +40,10 @@ from kontrast.data.decode import decode_blobs, read_regular_file, report_bad_ima
 from kontrast.data.folder_index import check_folder_headers
 from kontrast.data.layout import HOLDOUT_EVERY, is_image_path, list_files, plan_layout
 from kontrast.data.reader import unlabelled_test_error
+from kontrast.data.remote import Unreachable, is_url
 from kontrast.data.samples import Samples
-from kontrast.data.shard_index import ShardIndex, open_shards, read_sample
+from kontrast.data.shard_cache import RemoteShard
+from kontrast.data.shard_index import ShardIndex, names_index_folder, open_shards, read_sample
 from kontrast.data.shard_writer import INDEX_NAME
 from kontrast.errors import UserError
 
@@ -49,9 +52,10 @@ RANGE_SAMPLE = 256  # shards: headers read (evenly spread) for the start-up line
 
 def is_shard_spec(source: str) -> bool:
     """Shards: a brace pattern of ``.tar`` files, a folder with ``index.json``, or a folder of ``.tar`` files and no
-    images or sub-folders (a photo folder holding a stray ``.tar`` stays a photo folder)."""
+    images or sub-folders (a photo folder holding a stray ``.tar`` stays a photo folder); any URL (shards are what
+    kontrast reads from one)."""
     path = Path(source).expanduser()
-    if "{" in source and ".tar" in source:
+    if is_url(source) or ("{" in source and ".tar" in source):
         return True
     if not path.is_dir():
         return False
@@ -117,8 +121,9 @@ class StreamSource:
         if self.shards is not None:
             try:
                 return read_sample(self.shards, i)[0]
-            except (OSError, UserError) as exc:
-                return f"cannot read it: {exc}"
+            except (OSError, UserError) as exc:  # at a URL: the storage failed, not the image
+                remote = isinstance(self.shards.shards[int(self.shards.shard_of[i])], RemoteShard)
+                return Unreachable(exc) if remote else f"cannot read it: {exc}"
         return read_regular_file(self.root / self.paths[i])
 
     def locate(self, i: int) -> str:
@@ -135,12 +140,15 @@ class StreamSource:
     def summary(self, size: int, workers: int, why: str) -> str:
         """The run's start-up line: path, count, labels, source resolutions, training resolution."""
         kind = f"labelled, {len(self.classes)} classes" if self.labels is not None else "unlabelled"
-        indexed = (Path(self.where).expanduser() / INDEX_NAME).is_file()
+        indexed = self.layout == "shards" and names_index_folder(self.where)
         held = {"holdout": f"every {HOLDOUT_EVERY}th image of each class held out for `kontrast eval`",
                 "splits": "the train split", "flat": "nothing held out",
                 "shards": "the train shards" if indexed else "every sample of the shards named"}.get(self.layout, "")
+        first = self.shards.shards[0] if self.shards is not None else None
+        remote = f"; {first.cache.summary()}" if isinstance(first, RemoteShard) else ""
         return (f"data: streaming {len(self)} training images from {self.name}; {kind}; {held}; source "
-                f"{self.resolution_range()}, cropped at decode time to {size}x{size} px in {workers} worker(s); {why}")
+                f"{self.resolution_range()}, cropped at decode time to {size}x{size} px in {workers} worker(s)"
+                f"{remote}; {why}")
 
 
 def open_stream(source: str | os.PathLike, split: str = "train", *, cache_dir: str | Path | None = None,

@@ -30,6 +30,7 @@ from kontrast.config import Config
 from kontrast.data import batch_indices, load_images
 from kontrast.data.decode import read_regular_file
 from kontrast.data.layout import list_files, plan_layout
+from kontrast.data.remote import Unreachable, is_url
 from kontrast.data.shard_index import open_shards
 from kontrast.data.stream_dataset import RunBatches, StreamBatch, StreamViews, ViewCollate
 from kontrast.data.stream_source import (
@@ -100,6 +101,8 @@ def _train_count(dc) -> int:
         try:
             return len(open_shards(dc.source, cache_dir=dc.cache_dir, skip_bad_images=True))
         except UserError:
+            if is_url(dc.source):  # a shard missing, refused or unreachable after its retries: said once, now
+                raise
             return 0  # (no readable image) the load says why
 
 
@@ -166,7 +169,11 @@ def check_batch(batch: StreamBatch | None, step: int, counters: dict, warn) -> t
 
 
 def bad_image_error(bad: tuple[str, str], step: int, checkpoint) -> UserError:
-    """The one line of a strict stop on an unreadable image met mid-epoch."""
+    """The one line of a strict stop on an unreadable image met mid-epoch (or on shards at a URL that stopped
+    answering: then resume once they do)."""
+    if isinstance(bad[1], Unreachable):
+        return UserError(f"cannot read {bad[0]}: {bad[1]}; stopped before step {step}, last good checkpoint: "
+                         f"{checkpoint or 'none'}; resume with --resume once the storage answers")
     return UserError(f"unreadable image {bad[0]} ({bad[1]}) in the batch of step {step}; stopped before the step, "
                      f"last good checkpoint: {checkpoint or 'none'}; fix or remove the file and resume with --resume, "
                      "or resume with --skip-bad-images to replace it")
