@@ -86,10 +86,13 @@ def _launch(nproc: int, rest: list[str], cfg: Config, entry: Entry) -> int:
     start = "forkserver" if sys.platform == "linux" else "spawn"
     errors = tempfile.TemporaryDirectory(prefix="kontrast-launch-")  # what the processes tell the launcher
     folder = Path(errors.name)
-    # the launcher logs a worker's exit as a traceback of its own, and each process it stops after a failure
-    # ("Terminating process ... via signal SIGTERM"); the worker has said why (one line for an input error, its own
-    # traceback for a crash) and the lines below name the rank
-    for name in ("torch.distributed.elastic", "torch.multiprocessing.spawn"):
+    # the launcher logs a worker's exit as a traceback of its own, each process it stops after a failure
+    # ("Terminating process ... via signal SIGTERM") and a signal it received ("Received 15 death signal"); the
+    # worker has said why (one line for an input error, its own traceback for a crash) and the lines below name the
+    # rank. Each of torchrun's modules sets its own logger's level (LOGLEVEL, else WARNING), so every logger under
+    # those names is quietened, not only the parents
+    quiet = ("torch.distributed.elastic", "torch.multiprocessing.spawn")
+    for name in [*quiet, *(n for n in logging.root.manager.loggerDict if n.startswith(quiet))]:
         logging.getLogger(name).setLevel(logging.CRITICAL)
     _say_launch(nproc, cfg.train.num_threads or int(os.environ["OMP_NUM_THREADS"]), start)
     os.environ[launch.FOLDER_ENV] = errors.name
