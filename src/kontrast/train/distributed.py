@@ -8,9 +8,10 @@ the run is one process and nothing here is used.
 The contract (docs/distributed.md): a run on W ranks with global batch B computes what one process
 computes with batch B. Each rank takes its slice of the step's global batch; the methods see a
 :class:`ProcessGroupRanks` (``method.ranks``) for the few places where samples of other ranks enter
-(in-batch negatives, batch statistics); BatchNorm layers become :class:`GlobalBatchNorm` (statistics
-over the global batch); gradients are averaged over ranks after the backward, which with the
-gathers' summed backward gives the gradient of the global loss (the mean over all anchors).
+(in-batch negatives, batch statistics); BatchNorm layers take the global batch's statistics
+(:func:`synchronised_batch_norm`: ``torch.nn.SyncBatchNorm`` on CUDA, :class:`GlobalBatchNorm` on CPU);
+gradients are averaged over ranks after the backward, which with the gathers' summed backward gives the
+gradient of the global loss (the mean over all anchors).
 """
 
 from __future__ import annotations
@@ -252,6 +253,18 @@ class GlobalBatchNorm(nn.modules.batchnorm._BatchNorm):
                 self.running_mean.mul_(1 - m).add_(mean, alpha=m)
                 self.running_var.mul_(1 - m).add_(var * n / (n - 1), alpha=m)
         return y.to(x.dtype)
+
+
+SYNC_BN_DEVICES = ("cuda", "xpu", "hpu")  # where torch.nn.SyncBatchNorm has its statistics kernels
+
+
+def synchronised_batch_norm(module: nn.Module, device: torch.device) -> nn.Module:
+    """Every BatchNorm of ``module`` (in place, same parameters, buffers and state-dict keys) with the training
+    statistics of the global batch: PyTorch's :class:`torch.nn.SyncBatchNorm` on the devices it runs on (CUDA, XPU,
+    HPU: its fused statistics kernels, with nccl), :class:`GlobalBatchNorm` where it refuses the tensors (CPU)."""
+    if device.type in SYNC_BN_DEVICES:
+        return nn.SyncBatchNorm.convert_sync_batchnorm(module)
+    return global_batch_norm(module)
 
 
 def global_batch_norm(module: nn.Module) -> nn.Module:

@@ -273,7 +273,7 @@ def _build_method(plan: RunPlan, ranks: Ranks, data, resume: bool):
                            decisions=plan.decisions).to(plan.torch_device)
     method.accumulate = tc.accumulate  # gradient caching: the per-sample part of each step in micro-batches
     if ranks.world > 1 and tc.sync_bn and plan.decisions.needs.sync_bn:
-        distributed.global_batch_norm(method)  # BN statistics of the global batch, as on one process
+        distributed.synchronised_batch_norm(method, plan.torch_device)  # the global batch's BN statistics
     if tc.channels_last:
         method = method.to(memory_format=torch.channels_last)
     if tc.compile:  # in place (nn.Module.compile): same parameters and state_dict keys, checkpoints unchanged
