@@ -70,6 +70,13 @@ class ContentHasher:
         return self._h.hexdigest()
 
 
+def bytes_in_words(n: float, spec: str = ".1f") -> str:
+    """Bytes with a binary unit: ``"36.0 KiB"``, ``"23.5 GiB"`` (``spec``: the number's format, e.g. ``".3g"``)."""
+    unit, power = next((u, p) for u, p in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10), ("B", 0))
+                       if n >= 2**p or p == 0)
+    return f"{n / 2**power:{spec}} {unit}"
+
+
 def file_digest(path: Path, chunk: int = 1 << 20) -> str:
     """sha256 of a file's bytes, read in chunks (archives can be large)."""
     h = hashlib.sha256()

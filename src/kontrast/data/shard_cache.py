@@ -72,7 +72,7 @@ class ShardCache:
 
     def summary(self) -> str:
         """How samples are read, for the start-up line."""
-        size, limit = _in_words(self.total), _in_words(self.limit)
+        size, limit = cache.bytes_in_words(self.total, ".3g"), cache.bytes_in_words(self.limit, ".3g")
         if self.whole:
             return f"remote shards ({size}) copied whole into {self.folder} ({LIMIT_VAR}: {limit})"
         return (f"remote shards ({size}) over {LIMIT_VAR} ({limit}): samples read by one range request each (raise "
@@ -194,13 +194,6 @@ def _touch(path: Path) -> None:
     now = time.time_ns()
     os.utime(path, ns=(now, now))
     _touched[path] = time.monotonic()
-
-
-def _in_words(n: int) -> str:
-    """Bytes as ``"8 GiB"``, ``"40.2 MiB"``."""
-    unit, power = next((u, p) for u, p in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10), ("B", 0))
-                       if n >= 2**p or p == 0)
-    return f"{n / 2**power:.3g} {unit}"
 
 
 @contextlib.contextmanager

@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader
 
 from kontrast.config import Config
 from kontrast.data import batch_indices, load_images
+from kontrast.data.cache import bytes_in_words
 from kontrast.data.decode import read_regular_file
 from kontrast.data.layout import list_files, plan_layout
 from kontrast.data.remote import Unreachable, is_url
@@ -69,12 +70,6 @@ def _total_memory(device: torch.device) -> int:
     return ram
 
 
-def _size(n: float) -> str:
-    """Bytes in words: ``"36.0 KiB"``, ``"23.5 GiB"``."""
-    unit = next(u for u, p in (("GiB", 30), ("MiB", 20), ("KiB", 10), ("B", 0)) if n >= 2**p or p == 0)
-    return f"{n / 2 ** dict(GiB=30, MiB=20, KiB=10, B=0)[unit]:.1f} {unit}"
-
-
 def choose_mode(cfg: Config, device: torch.device) -> tuple[Config, str]:
     """``cfg`` with ``data.mode`` decided (never ``auto``), and the reason in words for the start-up line."""
     dc = cfg.data
@@ -86,8 +81,8 @@ def choose_mode(cfg: Config, device: torch.device) -> tuple[Config, str]:
     n = min(n, dc.limit) if dc.limit else n
     need, budget = n * 3 * dc.size * dc.size, dc.memory_budget * _total_memory(device)
     verdict = "fits" if need <= budget else "is over"
-    why = (f"auto: {_size(need)} decoded at {dc.size} px {verdict} data.memory_budget "
-           f"({dc.memory_budget:g} of {_size(_total_memory(device))})")
+    why = (f"auto: {bytes_in_words(need)} decoded at {dc.size} px {verdict} data.memory_budget "
+           f"({dc.memory_budget:g} of {bytes_in_words(_total_memory(device))})")
     return replace(cfg, data=replace(dc, mode="memory" if need <= budget else "stream")), why
 
 
