@@ -62,7 +62,8 @@ def report(files: list[str]) -> str:
         entry = current_entry(method)  # the runs of the whole entry the test runs now, not only its epochs and size
         mine = [r for r in runs if r["method"] == method and _budget(r["entry"]) == _budget(entry)]
         test = whole_entry(entry)["test"]
-        epochs = f"{test['epochs']} x {test['limit']} at {test['size']} px"
+        epochs = f"{test['epochs']} x {test['limit']} at {test['size']} px" + (
+            f", batch {test['batch_size']}" if test["batch_size"] != 128 else "")
         if not mine:
             out.append(f"| {method} | {epochs} | not measured at this budget | | | | | |")
             continue

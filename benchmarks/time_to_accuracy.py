@@ -123,22 +123,33 @@ def run_child(cmd: list[str], log: Path) -> tuple[list[dict], float]:
 def ours(a, seed: int) -> dict:
     """One kontrast run: train within the budget, then kNN of every snapshot."""
     out = a.work / f"ours-{a.label}-s{seed}"
+    sets = [*a.set, *([f"data.validation={a.validation}"] if a.validation else [])]
     cmd = [sys.executable, __file__, "_ours", "--recipe", str(a.recipe), "--data", a.data, "--out", str(out),
            "--seed", str(seed), "--budget-s", str(a.budget_s), "--mark-s", str(a.mark_s),
-           *[flag for text in a.set for flag in ("--set", text)]]
+           *[flag for text in sets for flag in ("--set", text)]]
     lines, process_s = run_child(cmd, a.work / f"ours-{a.label}-s{seed}.log")
     snaps, points = [line for line in lines if line.get("side") == "ours"], []
     for snap in snaps:
         ckpt = out / "marks/checkpoints" / f"step-{snap['step']:08d}"
         evaluated, _ = run_child([str(ROOT / ".venv/bin/kontrast"), "eval", "--checkpoint", str(ckpt), "--no-linear",
-                                  "--no-clustering", "--json", "--device", a.eval_device], a.work / "eval.log")
+                                  "--no-clustering", "--json", "--device", a.eval_device, "--split", split(a)],
+                                 a.work / "eval.log")
         points.append({**snap, "knn_top1": evaluated[-1]["knn_top1"]})
-    return {"side": "ours", "label": a.label, "seed": seed, "points": points, "process_s": round(process_s, 1),
-            "command": shlex.join(cmd)}
+    return {"side": "ours", "label": a.label, "seed": seed, "split": split(a), "points": points,
+            "process_s": round(process_s, 1), "command": shlex.join(cmd)}
+
+
+def split(a) -> str:
+    """What the kNN figures score: the validation split (``--validation N``: training images never trained on, for
+    choosing settings) or the test split (for the final figure, once per configuration)."""
+    return "validation" if a.validation else "test"
 
 
 def peer(a, seed: int) -> dict:
     """One peer run: a pilot for its seconds per step, the run with its schedule fitted to the budget, kNN."""
+    if a.validation:
+        sys.exit("--validation scores kontrast's runs only (the peer script has no held-out split yet): "
+                 "pass --sides ours")
     longer = f" x{a.peer_schedule:g}" if a.peer_schedule != 0.98 else ""  # rows before these options: 0.98, 0.5
     label = f"lightly w{a.peer_width} b{a.peer_batch} {a.peer_precision}" + (
         f" tau{a.peer_temperature:g}" if a.peer_temperature != 0.5 else "") + longer
@@ -198,8 +209,8 @@ def summary(rows: list[dict], budget_s: float) -> list[str]:
     lines = []
     for seed in sorted({r["seed"] for r in rows}):
         peer_rows = [r for r in rows if r["seed"] == seed and r["side"] == "peer"]
-        for row in [r for r in rows if r["seed"] == seed and r["side"] == "ours"]:
-            if not peer_rows:
+        for row in [r for r in rows if r["seed"] == seed and r["side"] == "ours" and r.get("split") != "validation"]:
+            if not peer_rows:  # (the peer's figures are on the test split: a validation row is not compared)
                 continue
             best = max(peer_rows, key=lambda r: at_budget(r["points"], budget_s))
             theirs, mine = at_budget(best["points"], budget_s), at_budget(row["points"], budget_s)
@@ -225,7 +236,8 @@ def reached(rows: list[dict], targets: list[float], budget_s: float) -> list[str
         times = [first_time_at(within, target) for target in targets]
         said = [f"{target:g} in {t / 60:.1f} min" if t is not None else f"{target:g} not within the budget"
                 for target, t in zip(targets, times)]
-        lines.append(f"seed {row['seed']} {row['label']}: kNN {within[-1]['knn_top1']:.4f} at "
+        on = " (validation)" if row.get("split") == "validation" else ""
+        lines.append(f"seed {row['seed']} {row['label']}: kNN{on} {within[-1]['knn_top1']:.4f} at "
                      f"{within[-1]['train_s'] / 60:.1f} min (step {within[-1].get('step', '?')}); {', '.join(said)}")
     return lines
 
@@ -271,6 +283,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sides", default="ours,peer", choices=["ours", "peer", "ours,peer"],
                    help="which sides to run (default both; per seed, even seeds run ours first, odd ones the peer)")
     p.add_argument("--budget-min", type=float, default=30.0)
+    p.add_argument("--validation", type=int, default=0, metavar="N",
+                   help="hold out N training images (data.validation, the same in every run) and score kNN on them, "
+                   "not on the test split: for choosing a recipe's settings (0: the test split)")
     p.add_argument("--mark-min", type=float, default=5.0)
     p.add_argument("--peer-python", help="the peer environment's python (benchmarks/setup_peer.sh)")
     p.add_argument("--peer-data", help="CIFAR-10 as an ImageFolder (benchmarks/setup_peer.sh extracts it)")

@@ -17,8 +17,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # several test processes share the co
 # one take the tail of the other's queue, so a long test left at the end runs alone.
 LONGEST = {"test_learning[infomin]": 115, "test_learning_on_a_vit": 77, "test_learning[dino]": 54,
            "test_learning[moco_v2]": 52, "test_learning[cpc_v2]": 45, "test_learning[clip]": 42,
-           "test_learning[moco_v1]": 36, "test_learning[byol]": 34, "test_learning[amdim]": 34,
-           "test_learning[ibot]": 34,
+           "test_learning[mae]": 40, "test_learning[moco_v1]": 36, "test_learning[byol]": 34,
+           "test_learning[amdim]": 34, "test_learning[ibot]": 34,
            "test_cell_trains_resumes_and_embeds_or_refuses_in_one_line[cpc-large-fp32-2-k1]": 33,
            "test_learning[supcon]": 32, "test_learning[mmcr]": 31, "test_learning[moco_v3]": 29,
            "test_a_plugin_method_on_two_processes_resumes_without_the_option": 29,

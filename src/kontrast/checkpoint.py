@@ -234,6 +234,8 @@ def load_weights(path: Path, method: nn.Module, method_name: str | None = None) 
     tensors = _read_tensors(path, MODEL_FILE, state)
     retired = getattr(method, "retired_state", ())  # keys older versions saved that this one no longer keeps
     tensors = {k: v for k, v in tensors.items() if k not in retired}
+    if hasattr(method, "size_from"):  # parts the training data sized (the supervised reference's classifier)
+        method.size_from(tensors)
     _check_fits(path / MODEL_FILE, tensors, method.state_dict())
     method.load_state_dict(tensors)
     return state

@@ -125,7 +125,8 @@ def _eval(args) -> int:
 
     options = EvalOptions(device=args.device, precision=args.precision, linear=not args.no_linear,
                           clustering=not args.no_clustering, linear_weight_decay=args.linear_weight_decay,
-                          labels_fraction=args.labels_fraction, finetune_epochs=args.finetune_epochs)
+                          labels_fraction=args.labels_fraction, finetune_epochs=args.finetune_epochs,
+                          split=args.split)
     result = evaluate_run(args.checkpoint, args.data, options)
     print(json.dumps(result) if args.json else _eval_line(result))
     return 0
@@ -240,7 +241,8 @@ def _eval_line(result: dict) -> str:
     if "finetune_top1" in result:
         parts.append(f"fine-tuned on {result['labels_fraction']:g} of the labels ({result['finetune_labelled']} "
                      f"images, {result['finetune_epochs']} epochs) top-1 {result['finetune_top1']:.4f}")
-    return f"{result['method']} on {result['data']}: " + ", ".join(parts)
+    split = " (validation split)" if result.get("split") == "validation" else ""
+    return f"{result['method']} on {result['data']}{split}: " + ", ".join(parts)
 
 
 # A rank that stopped because another process of the run was lost waits this long before it exits. torchrun's

@@ -85,6 +85,9 @@ def _eval_args(sub) -> None:
     p.add_argument("--checkpoint", required=True, help="run directory or one checkpoint folder")
     _plugin_arg(p)
     p.add_argument("--data", help="labelled source to evaluate on (default: the run's training source)")
+    p.add_argument("--split", choices=["test", "validation"], default="test",
+                   help="score the test split (default), or the validation split the run held out of its training "
+                   "images (data.validation), with the kNN bank and probe fit on the rest: for choosing settings")
     p.add_argument("--device", default="cpu", help=DEVICE_HELP)
     _precision_arg(p)
     p.add_argument("--no-linear", action="store_true", help="no linear probe")

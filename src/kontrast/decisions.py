@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from kontrast.augment import NATIVE_SIZE, ViewSpec, native_recipe, recipe_views, view_count
-from kontrast.config import Config
+from kontrast.config import Config, EncoderConfig
 from kontrast.config.keys import yaml_value
 from kontrast.data.builtin import holds_sequences
 from kontrast.data.native import native_side
@@ -91,7 +91,8 @@ ENCODER_OPTIONS = {"zero_init_residual": "set encoder.zero_init_residual=false",
                    "depth": "remove encoder.depth (it applies to vit_tiny, vit_small and amdim)",
                    "patch_size": "remove encoder.patch_size (it applies to vit_tiny and vit_small)",
                    "freeze_patch_embed": "set encoder.freeze_patch_embed=false (it applies to vit_tiny and vit_small)",
-                   "drop_path": "set encoder.drop_path=0 (it applies to vit_tiny and vit_small)"}
+                   "drop_path": "set encoder.drop_path=0 (it applies to vit_tiny and vit_small)",
+                   "pool": "set encoder.pool=token (it applies to vit_tiny and vit_small)"}
 
 
 def decide(cfg: Config, world: int = 1) -> Decisions:
@@ -160,10 +161,11 @@ def auto_size(source: str, cache_dir: str | None = None) -> tuple[int, str]:
 
 def encoder_args(cfg: Config) -> dict:
     """The encoder's :func:`~kontrast.encoders.create_encoder` arguments for a decided ``cfg``: name, stem, width,
-    the options set in ``cfg.encoder``, and ``image_size`` = ``data.size`` for a ViT (its patches and positions)."""
-    enc = cfg.encoder
+    the options set in ``cfg.encoder`` away from their defaults, and ``image_size`` = ``data.size`` for a ViT (its
+    patches and positions)."""
+    enc, default = cfg.encoder, EncoderConfig()
     args = {"name": enc.name, "stem": enc.stem, "width": enc.width}
-    args.update({key: getattr(enc, key) for key in ENCODER_OPTIONS if getattr(enc, key) not in (None, False)})
+    args.update({key: getattr(enc, key) for key in ENCODER_OPTIONS if getattr(enc, key) != getattr(default, key)})
     if enc.name in VIT_SIZES:  # patch size and position table follow the training resolution
         args["image_size"] = cfg.data.size
     return args

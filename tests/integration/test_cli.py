@@ -164,3 +164,33 @@ def test_damaged_checkpoint_is_reported(trained_run, tmp_path):
 
 def test_unknown_subcommand_is_one_line():
     assert_one_line_error(run_cli("fly"), "invalid choice")
+
+
+@pytest.mark.parametrize("mode", ["memory", "stream"])
+def test_a_validation_split_is_held_out_monitored_and_scored(tmp_path, mode):
+    """``data.validation``: the rows are never trained on, the kNN monitor scores them (not the test split) on either
+    data path, and ``kontrast eval --split validation`` scores them with the bank fit on the rest."""
+    from kontrast.data import write_shapes_files
+
+    root = tmp_path / "shapes"
+    write_shapes_files(root, 160, size=32, seed=2)
+    out = tmp_path / "run"
+    proc = run_cli("train", "--method", "simclr", "--data", str(root), "--epochs", "1", "--batch-size", "32",
+                   "--out", str(out), "--set", "data.validation=40", "--set", f"data.mode={mode}", "--set",
+                   "train.knn_every=1", *FAST)
+    assert proc.returncode == 0, proc.stderr
+    assert "40 more held out as the validation split" in proc.stdout + proc.stderr
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records if "knn_val_top1" in r] == [0, 1]
+    assert not any("knn_top1" in r for r in records)
+    assert sum(1 for r in records if "loss" in r) == 120 // 32  # 120 training rows: 3 full batches
+    proc = run_cli("eval", "--checkpoint", str(out), "--split", "validation", "--no-clustering", "--json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["split"] == "validation" and 0.0 <= result["knn_top1"] <= 1.0
+
+
+def test_a_validation_score_of_a_run_without_one_is_one_line(trained_run):
+    out, _ = trained_run
+    proc = run_cli("eval", "--checkpoint", str(out), "--split", "validation")
+    assert_one_line_error(proc, "held out no validation images", "data.validation=N")

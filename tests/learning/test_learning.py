@@ -34,12 +34,12 @@ def test_learning(name, tmp_path, shared_cifar_tar):
     """Loss falls, and kNN top-1 on CIFAR-10's test split beats twice chance and the untrained encoder by GAIN.
 
     8000 CIFAR-10 training images at 16 px (an entry's ``test:`` keys may say otherwise), 3 epochs unless the entry
-    says more, batch 128, ResNet-18 width 0.125, at the machine's precision (``auto``: bf16 where the CPU computes it
-    natively, fp32 elsewhere, so the two kernel sets of CI cover both). The kNN monitor reads 5000 training and 5000
-    test images. The loss test compares the mean of the first and the last ``loss_window`` logged losses (3 unless the
-    entry says otherwise), counted from epoch ``loss_from_epoch`` (0 unless the entry says otherwise: InfoMin's
-    first-epoch loss is scored against a queue that lags behind contracting embeddings). Every budget's gains on three
-    seeds and two kernel sets, against the line: docs/lab/learning-tests.md.
+    says more, batch 128 unless it says 64, ResNet-18 width 0.125, at the machine's precision (``auto``: bf16 where
+    the CPU computes it natively, fp32 elsewhere, so the two kernel sets of CI cover both). The kNN monitor reads 5000
+    training and 5000 test images. The loss test compares the mean of the first and the last ``loss_window`` logged
+    losses (3 unless the entry says otherwise), counted from epoch ``loss_from_epoch`` (0 unless the entry says
+    otherwise: InfoMin's first-epoch loss is scored against a queue that lags behind contracting embeddings). Every
+    budget's gains on three seeds and two kernel sets, against the line: docs/lab/learning-tests.md.
     """
     _learns(name, SHORT_BUDGET[name], tmp_path, shared_cifar_tar)
 
@@ -63,7 +63,8 @@ def test_learning_on_a_vit(tmp_path, shared_cifar_tar):
 # The learning test's data and budget unless an entry's ``test:`` says otherwise: CIFAR-10 at 16 px (the run is about
 # four times cheaper per image than at 32, so 8000 images for 3 epochs learn more than 4000 at 32 px for 4 in the same
 # time), kNN on 5000 training and 5000 test images (the standard error of a kNN accuracy there: about 0.0065).
-TEST_DEFAULTS = {"epochs": 3, "limit": 8000, "size": 16, "loss_from_epoch": 0, "loss_window": 3, "precision": "auto"}
+TEST_DEFAULTS = {"epochs": 3, "limit": 8000, "size": 16, "loss_from_epoch": 0, "loss_window": 3, "precision": "auto",
+                 "batch_size": 128}
 KNN_IMAGES = 5000
 GAIN = 0.03  # the trained encoder's kNN must beat the untrained one's by this (about 5 standard errors)
 LOG_ENV = "KONTRAST_LEARNING_LOG"  # set: each test appends its figures there
@@ -78,9 +79,9 @@ def run_learning(name: str, budget: dict, tmp_path: Path, tar: Path, seed: int =
         "optim": budget.get("optim", {}),
         "augment": budget.get("augment", {}),
         "data": {"source": str(tar), "limit": test["limit"], "size": test["size"]},
-        "train": {"epochs": test["epochs"], "batch_size": 128, "log_every": 5, "knn_every": test["epochs"],
-                  "precision": test["precision"], "knn_max_train": KNN_IMAGES, "knn_max_test": KNN_IMAGES,
-                  "seed": seed},
+        "train": {"epochs": test["epochs"], "batch_size": test["batch_size"], "log_every": 5,
+                  "knn_every": test["epochs"], "precision": test["precision"], "knn_max_train": KNN_IMAGES,
+                  "knn_max_test": KNN_IMAGES, "seed": seed},
     }
     fit(resolve(raw), tmp_path / "run", progress=False)
     lines = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]

@@ -351,3 +351,34 @@ def naive_ibot_patch(student, targets, mask, tau_s):
             total = total - (targets[row] * log_p).sum() / count
             row += 1
     return total / mask.shape[0]
+
+
+def naive_cross_entropy(logits, labels):
+    """The supervised reference's loss: - mean_i log softmax(logits_i)_{y_i}, in float64, one row at a time."""
+    logits = logits.double()
+    total = 0.0
+    for row, y in zip(logits, labels.tolist()):
+        total = total - (row[y] - torch.log(torch.exp(row).sum()))
+    return total / logits.shape[0]
+
+
+def naive_mae(prediction, image, masked, patch, norm_pix=True, eps=1e-6):
+    """MAE's loss, He et al. 2022 sec. 3, float64: for every image b and each of its masked patches k
+    (``masked [B, m]``, row-major on the grid), the patch's pixels cut out of ``image [B, C, H, W]`` (row by row,
+    channels last: the authors' patchify), with ``norm_pix`` normalised by their own mean and unbiased variance (the
+    authors' code: (x - mean) / sqrt(var + 1e-6)); the squared error to ``prediction[b, j]`` averaged over the pixels,
+    then over all masked patches of the batch."""
+    columns = image.shape[-1] // patch
+    total, count = 0.0, 0
+    for b in range(masked.shape[0]):
+        for j, k in enumerate(masked[b].tolist()):
+            row, col = divmod(k, columns)
+            pixels = image[b, :, row * patch:(row + 1) * patch, col * patch:(col + 1) * patch]  # [C, p, p]
+            t = pixels.permute(1, 2, 0).reshape(-1)  # [p p C]
+            if norm_pix:
+                mean = t.sum() / t.numel()
+                var = ((t - mean) ** 2).sum() / (t.numel() - 1)
+                t = (t - mean) / torch.sqrt(var + eps)
+            total = total + ((prediction[b, j] - t) ** 2).sum() / t.numel()
+            count += 1
+    return total / count

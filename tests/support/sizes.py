@@ -33,6 +33,7 @@ SWAV = ("method.proj_hidden=64", "method.num_prototypes=30")
 DINO_HEAD = ("method.proj_hidden=64", "method.bottleneck_dim=32", "method.num_prototypes=64")  # DINO's and iBOT's
 SHUFFLED_QUEUE = {"queue_size": 16, "bn_groups": 2}  # MoCo v1, v2 and InfoMin in micro-batches
 EXPANDER = ("method.proj_hidden=128", "method.proj_dim=128")  # Barlow Twins' and VICReg's
+MAE_DECODER = ("method.decoder_dim=32", "method.decoder_depth=1", "method.decoder_heads=2")
 
 SIZES: dict[str, Sizes] = {
     "barlow_twins": Sizes(heads=EXPANDER),
@@ -72,6 +73,8 @@ SIZES: dict[str, Sizes] = {
     # the same)
     "amdim": Sizes(heads=("method.n_rkhs=32",), ranks=("method.n_rkhs=32", "encoder.name=resnet18")),
     "yadim": Sizes(heads=("method.n_rkhs=32",), ranks=("method.n_rkhs=32", "encoder.name=resnet18")),
+    # MAE on 2 ranks on a 2-block ViT (16-px images: 16 patches, 4 kept), its decoder 32 wide, 1 block
+    "mae": Sizes(heads=MAE_DECODER, ranks=("encoder.name=vit_tiny", "encoder.depth=2", *MAE_DECODER)),
     "mmcr": Sizes(heads=("method.proj_hidden=64", "method.proj_dim=16")),
     "lejepa": Sizes(heads=("method.proj_hidden=64", "method.directions=64")),
 }

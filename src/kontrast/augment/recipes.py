@@ -73,6 +73,10 @@ _INFOMIN = ViewSpec(crop_scale=(0.2, 1.0), jitter=(0.8, 0.8, 0.8, 0.2), blur_p=0
 # from resized images is the only data augmentation"; scale 0.9-1 as open_clip's RandomResizedCrop.
 _CLIP = ViewSpec(crop_scale=(0.9, 1.0), crop_ratio=(1.0, 1.0), flip_p=0.0, jitter_p=0.0, gray_p=0.0)
 
+# MAE, He et al. 2022, https://arxiv.org/abs/2111.06377 (the authors' main_pretrain.py): one view per image, a random
+# resized crop from 20% of the area and a horizontal flip, nothing else (no colour jitter, grayscale or blur).
+_MAE = ViewSpec(crop_scale=(0.2, 1.0), jitter_p=0.0, gray_p=0.0)
+
 # MMCR, Yerxa et al. 2023, https://arxiv.org/abs/2303.03307: many views of each image, each SimCLR's; the paper
 # finds more views better. 8 here (CPU time; augment.views sets k).
 _MMCR_VIEWS = 8
@@ -109,6 +113,7 @@ IMAGENET_RECIPES: dict[str, tuple[ViewSpec, ...]] = {
     "infomin_imagenet": (_imagenet(_INFOMIN),) * 2,
     "clip_imagenet": (_CLIP_IMAGENET,),
     "mmcr_imagenet": (_SIMCLR_IMAGENET,) * _MMCR_VIEWS,
+    "mae_imagenet": (_imagenet(_MAE),),
 }
 
 # A method's CIFAR-scale recipe -> its ImageNet version, taken when data.size >= NATIVE_SIZE and augment.recipe is
@@ -118,7 +123,7 @@ NATIVE: dict[str, str] = {
     "simclr_cifar": "simclr_imagenet", "moco_v1": "moco_v1_imagenet", "instdisc": "instdisc_imagenet",
     "moco_v2": "moco_v2_imagenet", "simsiam_cifar": "simsiam_imagenet", "byol": "byol_imagenet",
     "byol_cifar": "byol_imagenet", "swav_multicrop": "swav_imagenet", "dino_multicrop": "dino_imagenet",
-    "infomin": "infomin_imagenet", "clip": "clip_imagenet", "mmcr_cifar": "mmcr_imagenet",
+    "infomin": "infomin_imagenet", "clip": "clip_imagenet", "mmcr_cifar": "mmcr_imagenet", "mae": "mae_imagenet",
 }
 
 RECIPES: dict[str, tuple[ViewSpec, ...]] = {
@@ -139,6 +144,7 @@ RECIPES: dict[str, tuple[ViewSpec, ...]] = {
     "byol": (_BYOL_1, _BYOL_2),
     "byol_cifar": (_BYOL_CIFAR_1, _BYOL_CIFAR_2),
     "mmcr_cifar": (_SIMCLR_CIFAR,) * _MMCR_VIEWS,
+    "mae": (_MAE,),  # one view: its masked patches are predicted from its visible ones
 }
 
 

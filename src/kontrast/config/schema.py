@@ -71,6 +71,9 @@ class DataConfig:
     skip_bad_images: bool = False  # an unreadable image is replaced by another (and reported), not a stop
     cache_dir: str | None = None  # decoded-dataset cache (null: $KONTRAST_CACHE, else ~/.cache/kontrast)
     limit: int = checked(0, ge=0)  # train on a fixed random subset of this many images (0 = all)
+    validation: int = checked(0, ge=0)  # hold out this many training images as the validation split (the same ones in
+                                        # every run of the source): never trained on; the kNN monitor scores them,
+                                        # not the test split; `kontrast eval --split validation` (0 = none)
     mode: str = checked("auto", choices=("auto", "memory", "stream"))  # auto: memory when the decoded set fits
                                                                        # memory_budget, else stream
     workers: int = checked(2, ge=0)  # stream: DataLoader worker processes that decode (0 = in the loop's process)
@@ -102,6 +105,8 @@ class EncoderConfig:
     patch_size: int | None = checked(None, ge=1)  # vit_* only (null: 4 up to 64 px, 8 up to 128, else 16)
     freeze_patch_embed: bool = False  # vit_* only: MoCo v3's frozen random patch projection
     drop_path: float = checked(0.0, ge=0, lt=1)  # vit_* only: stochastic depth, rising linearly to this over the blocks
+    pool: str = checked("token", choices=("token", "mean"))  # vit_* only: the feature, the class token or the mean of
+                                                             # the patch tokens after the final LayerNorm (I-JEPA's)
     weights: str | None = None  # start from a local state_dict: torchvision / timm file or a `kontrast export` folder
 
 

@@ -18,7 +18,7 @@ moves to the device whole and augments in batches. The kinds of source are regis
 from kontrast.data import builtin, cifar, folder, pairs, shard_memory  # noqa: F401
 from kontrast.data.batches import batch_indices, epoch_permutation
 from kontrast.data.cache import cache_root
-from kontrast.data.samples import Samples, SourceKind
+from kontrast.data.samples import Samples, SourceKind, split_validation
 from kontrast.data.shapes import SHAPE_CLASSES, make_shapes
 from kontrast.data.shapes_files import write_shapes_files
 from kontrast.data.shard_index import ShardIndex, open_shards, read_sample
@@ -42,6 +42,7 @@ __all__ = [
     "open_shards",
     "open_stream",
     "read_sample",
+    "split_validation",
     "write_folder_shards",
     "write_shapes_files",
 ]

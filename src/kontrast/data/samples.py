@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from kontrast.data.layout import HOLDOUT_EVERY
+from kontrast.errors import UserError
 
 
 @dataclass
@@ -46,20 +47,25 @@ class Samples:
         """A fixed random subset of ``n`` rows (sources are often sorted by class); self if n covers all."""
         if not 0 < n < len(self):
             return self
-        keep = torch.randperm(len(self), generator=torch.Generator().manual_seed(seed))[:n]  # [n]
+        return self.rows(torch.randperm(len(self), generator=torch.Generator().manual_seed(seed))[:n])
+
+    def rows(self, keep: torch.Tensor) -> Samples:
+        """The rows ``keep`` (int64 [n]), in that order."""
         rows = keep.tolist()
         labels = None if self.labels is None else self.labels[keep]
         captions = None if self.captions is None else [self.captions[i] for i in rows]
         return Samples(self.x[keep], labels, self.classes, self.name, [self.paths[i] for i in rows], captions,
                        self.layout)
 
-    def summary(self, of: int = 0) -> str:
+    def summary(self, of: int = 0, validation: int = 0) -> str:
         """One line for the start of a run: how many images, labelled or not, what is held out, the resolution.
 
-        ``of``: the split's size before a ``data.limit`` subset (0: no subset).
+        ``of``: the split's size before a ``data.limit`` subset (0: no subset); ``validation``: rows of it held out
+        as the validation split (``data.validation``).
         """
         unit = "sequences" if self.x.ndim == 3 else "images"
         count = f"{len(self)} training {unit}" + (f" (a fixed random subset of {of})" if of > len(self) else "")
+        count += f", {validation} more held out as the validation split" if validation else ""
         kind = f"labelled, {len(self.classes)} classes" if self.labels is not None else "unlabelled"
         held = {"holdout": f"class folders only: every {HOLDOUT_EVERY}th image of each class "
                            f"({100 // HOLDOUT_EVERY} %) is held out as the test split for `kontrast eval`",
@@ -83,3 +89,19 @@ class SourceKind:
     order: int  # 0: built-in names, 1: file suffixes, 2: what is on disk
     matches: Callable[[str], bool]  # cheap: looks at the string and at most stats the path
     load: Callable[..., Samples]
+
+
+VALIDATION_SEED = 0x76616C69  # the validation rows' draw: one for every run of a source, whatever its train.seed
+
+
+def split_validation(data, n: int):
+    """``(training rows, validation rows)`` of a training split (:class:`Samples` or a streaming source, anything
+    with ``rows``): a fixed random ``n`` rows held out, the same ones in every run of that source whatever its seed,
+    each part in the source's order (``data.validation``); ``(data, None)`` when ``n`` is 0."""
+    if n == 0:
+        return data, None
+    if n >= len(data):
+        raise UserError(f"data.validation {n} would hold out all {len(data)} training images of {data.name}; "
+                        "hold out fewer (a tenth is usual: 5000 of CIFAR-10's 50000)")
+    order = torch.randperm(len(data), generator=torch.Generator().manual_seed(VALIDATION_SEED))  # [N]
+    return data.rows(order[n:].sort().values), data.rows(order[:n].sort().values)

@@ -97,7 +97,10 @@ class StreamSource:
         """The rows :meth:`kontrast.data.Samples.subset` keeps (a fixed random ``n``); self if ``n`` covers all."""
         if not 0 < n < len(self):
             return self
-        keep = torch.randperm(len(self), generator=torch.Generator().manual_seed(seed))[:n]  # int64 [n]
+        return self.rows(torch.randperm(len(self), generator=torch.Generator().manual_seed(seed))[:n])
+
+    def rows(self, keep: torch.Tensor) -> StreamSource:
+        """The samples ``keep`` (int64 [n]), in that order."""
         rows = keep.tolist()
         files = [self.paths[i] for i in rows]
         shards = None if self.shards is None else _index_rows(self.shards, keep.numpy())

@@ -5,7 +5,8 @@ Sizes of DeiT (Touvron et al. 2020, https://arxiv.org/abs/2012.12877): tiny = di
 3 heads; small = dim 384, 12 blocks, 6 heads (head dim 64; MoCo v3's own ViT-S has 12 heads of 32).
 MLP ratio 4 (GELU), pre-norm blocks ``x + attn(LN(x))``, ``x + mlp(LN(x))``, LayerNorm eps 1e-6,
 a class token, attention by ``F.scaled_dot_product_attention``. ``forward`` returns the class token
-after the final LayerNorm ``[B, dim]``; ``forward_maps`` the patch tokens as one map ``[B, dim, h, w]``.
+after the final LayerNorm ``[B, dim]`` (``pool="mean"``: the mean of the patch tokens after it); ``forward_maps`` the
+patch tokens as one map ``[B, dim, h, w]``.
 
 Choices, as MoCo v3 (Chen, Xie & He 2021, https://arxiv.org/abs/2104.02057, sec. 4.2 and its ``vits.py``):
 - position embedding: fixed 2-D sin-cos (not learned), a buffer; computed for any other token grid on
@@ -23,6 +24,8 @@ Options (config keys ``encoder.*``):
 - ``depth``: the number of blocks (None: 12).
 - ``drop_path``: stochastic depth (:class:`DropPath`), rising linearly from 0 at the first block to this at
   the last (DINO's ViTs: 0.1); momentum targets turn it off (:class:`kontrast.encoders.target.MomentumTarget`).
+- ``pool``: the feature ``forward`` returns: ``"token"``, the class token; ``"mean"``, the mean of the patch tokens
+  after the final LayerNorm (I-JEPA's evaluation: its ViT has no class token, and its loss trains only patch tokens).
 No ``zero_init_residual``: with every block the identity the class token would not depend on the image
 (measured: no gradient reaches the encoder through the heads' BatchNorm); ``kontrast.methods.build.resolve``
 leaves SimSiam's, Barlow Twins' and VICReg's ResNet default of it out on a ViT.
@@ -48,6 +51,7 @@ from kontrast.registry import ENCODERS
 
 VIT_SIZES = {"vit_tiny": (192, 3), "vit_small": (384, 6)}  # name -> (dim at width 1, heads); DeiT
 DEPTH, MLP_RATIO, LN_EPS, HEAD_DIM = 12, 4, 1e-6, 64
+POOLS = ("token", "mean")  # encoder.pool: the class token, or the mean of the patch tokens
 
 
 def default_patch_size(image_size: int) -> int:
@@ -55,15 +59,15 @@ def default_patch_size(image_size: int) -> int:
     return 4 if image_size <= 64 else 8 if image_size <= 128 else 16
 
 
-def sincos_2d(dim: int, gh: int, gw: int) -> torch.Tensor:
+def sincos_2d(dim: int, gh: int, gw: int, device: torch.device | None = None) -> torch.Tensor:
     """Fixed 2-D sin-cos positions ``[gh·gw, dim]`` in row-major token order (MoCo v3's ``vits.py``).
 
     A quarter of the channels each: sin(x ω), cos(x ω), sin(y ω), cos(y ω), ω_k = 10000^(-k / (dim/4));
     ``dim`` must be a multiple of 4.
     """
-    ys, xs = torch.meshgrid(torch.arange(gh, dtype=torch.float32), torch.arange(gw, dtype=torch.float32),
-                            indexing="ij")  # [gh, gw] each
-    omega = 1.0 / 10000 ** (torch.arange(dim // 4, dtype=torch.float32) / (dim // 4))  # [dim/4]
+    ys, xs = torch.meshgrid(torch.arange(gh, dtype=torch.float32, device=device),
+                            torch.arange(gw, dtype=torch.float32, device=device), indexing="ij")  # [gh, gw] each
+    omega = 1.0 / 10000 ** (torch.arange(dim // 4, dtype=torch.float32, device=device) / (dim // 4))  # [dim/4]
     x, y = xs.flatten()[:, None] * omega, ys.flatten()[:, None] * omega  # [N, dim/4] each
     return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1)  # [N, dim]
 
@@ -155,21 +159,25 @@ class VisionTransformer(nn.Module):
         patch_size: pixels per patch side (None: :func:`default_patch_size`).
         freeze_patch_embed: keep the random patch projection fixed (MoCo v3).
         drop_path: stochastic depth of the last block; block i drops at ``drop_path · i / (depth - 1)``.
+        pool: ``"token"`` (the class token) or ``"mean"`` (the mean of the patch tokens): what ``forward`` returns.
 
     Attributes:
         dim: feature size; ``map_dims = (dim,)``: ``forward_maps`` gives one map, the patch tokens.
-        patch_size, depth, image_size: as built (``kontrast export`` records them).
+        patch_size, depth, image_size, pool: as built (``kontrast export`` records them).
     """
 
     def __init__(self, dim: int, heads: int, depth: int = DEPTH, *, image_size: int = 224,
-                 patch_size: int | None = None, freeze_patch_embed: bool = False, drop_path: float = 0.0):
+                 patch_size: int | None = None, freeze_patch_embed: bool = False, drop_path: float = 0.0,
+                 pool: str = "token"):
         super().__init__()
         patch_size = patch_size or default_patch_size(image_size)
+        if pool not in POOLS:
+            raise UserError(f"encoder.pool must be one of {', '.join(POOLS)}; got {pool!r}")
         if image_size % patch_size:
             raise UserError(f"data.size {image_size} is not a multiple of the ViT patch size {patch_size}; "
                             "set encoder.patch_size to a divisor of it")
         self.dim, self.heads, self.depth = dim, heads, depth
-        self.image_size, self.patch_size = image_size, patch_size
+        self.image_size, self.patch_size, self.pool = image_size, patch_size, pool
         self.min_size = patch_size  # a smaller view has no patch
         self.map_dims: tuple[int, ...] = (dim,)
         self.conv_proj = nn.Conv2d(3, dim, kernel_size=patch_size, stride=patch_size)
@@ -202,11 +210,14 @@ class VisionTransformer(nn.Module):
         return with_class_position(sincos_2d(self.dim, gh, gw)).to(like)
 
     def forward_tokens(self, x: torch.Tensor, mask: torch.Tensor | None = None,
-                       mask_token: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[int, int]]:
+                       mask_token: torch.Tensor | None = None,
+                       keep: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[int, int]]:
         """Every token after the final LayerNorm ``[B, 1 + h·w, D]`` (class token first) and the grid (h, w).
 
         ``mask [B, h·w]`` (bool, row-major patches) with ``mask_token [D]``: the masked patches' embeddings are
-        replaced by the token before the positions are added (iBOT's masked image modelling, BEiT's order)."""
+        replaced by the token before the positions are added (iBOT's masked image modelling, BEiT's order).
+        ``keep [B, n]`` (long, row-major patch indices): only these patches, with their positions, go through the
+        blocks, and the result is ``[B, 1 + n, D]`` (MAE's encoder on the visible patches, I-JEPA's context)."""
         h, w = x.shape[-2:]
         if h % self.patch_size or w % self.patch_size:
             raise UserError(f"a {h}x{w} view does not split into {self.patch_size}-px ViT patches; set "
@@ -218,7 +229,10 @@ class VisionTransformer(nn.Module):
             t = torch.where(mask[..., None], mask_token.to(t.dtype), t)  # [B, N, D] masked patches -> the token
         t = torch.cat([self.class_token.expand(t.shape[0], -1, -1).to(t.dtype), t], dim=1)  # [B, 1 + N, D]
         t = t + self.positions(gh, gw, t)
-        return self.encoder.ln(self.encoder.layers(t)), (gh, gw)  # [B, 1 + N, D]
+        if keep is not None:
+            kept = t[:, 1:].gather(1, keep[..., None].expand(-1, -1, t.shape[-1]))  # [B, n, D] with their positions
+            t = torch.cat([t[:, :1], kept], dim=1)  # [B, 1 + n, D]
+        return self.encoder.ln(self.encoder.layers(t)), (gh, gw)  # [B, 1 + N or 1 + n, D]
 
     def forward_maps(self, x: torch.Tensor) -> list[torch.Tensor]:
         """The patch tokens as one feature map ``[B, D, h, w]`` (yadim's last map; amdim needs three)."""
@@ -226,8 +240,51 @@ class VisionTransformer(nn.Module):
         return [t[:, 1:].transpose(1, 2).reshape(t.shape[0], self.dim, gh, gw)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The class token after the final LayerNorm ``[B, dim]``."""
-        return self.forward_tokens(x)[0][:, 0]
+        """The feature ``[B, dim]``: the class token after the final LayerNorm, or (``pool="mean"``) the mean of the
+        patch tokens after it."""
+        tokens = self.forward_tokens(x)[0]  # [B, 1 + N, D]
+        return tokens[:, 1:].mean(dim=1) if self.pool == "mean" else tokens[:, 0]
+
+
+class TokenPredictor(nn.Module):
+    """A narrow ViT that fills in the tokens of wanted patches from known ones: MAE's decoder (He et al. 2022,
+    https://arxiv.org/abs/2111.06377, sec. 3) and I-JEPA's predictor (Assran et al. 2023,
+    https://arxiv.org/abs/2301.08243, sec. 3).
+
+    The known tokens ``[B, n, in_dim]`` are projected to ``dim`` and given the fixed sin-cos positions of their patches
+    (``known [B, n]``, row-major on ``grid``); each wanted patch (``wanted [B, m]``) enters as one learned mask token
+    plus its position; all ``n + m`` go through ``depth`` pre-norm blocks, a LayerNorm and a linear map to ``out_dim``,
+    and the wanted ones come out ``[B, m, out_dim]``. Attention does not depend on the order of the tokens, so none
+    is restored (MAE's code un-shuffles; the result is the same).
+    """
+
+    def __init__(self, in_dim: int, dim: int, depth: int, heads: int, out_dim: int):
+        super().__init__()
+        if dim % heads or dim % 4:
+            raise UserError(f"a predictor of width {dim} does not split into {heads} heads with sin-cos positions; "
+                            "choose a width that is a multiple of 4 and of the heads")
+        self.dim = dim
+        self.embed = nn.Linear(in_dim, dim)
+        self.mask_token = nn.Parameter(torch.zeros(dim))
+        self.blocks = nn.Sequential(*(Block(dim, heads) for _ in range(depth)))
+        self.ln = nn.LayerNorm(dim, eps=LN_EPS)
+        self.out = nn.Linear(dim, out_dim)
+        for m in self.modules():  # MAE's init: Xavier-uniform linear maps, the mask token N(0, 0.02)
+            if isinstance(m, nn.Linear):
+                nn.init.xavier_uniform_(m.weight)
+                nn.init.zeros_(m.bias)
+            elif isinstance(m, Attention):
+                bound = math.sqrt(6.0 / (2 * dim))
+                nn.init.uniform_(m.in_proj_weight, -bound, bound)
+        nn.init.normal_(self.mask_token, std=0.02)
+
+    def forward(self, tokens: torch.Tensor, known: torch.Tensor, wanted: torch.Tensor,
+                grid: tuple[int, int]) -> torch.Tensor:
+        pos = sincos_2d(self.dim, *grid, device=tokens.device).to(tokens.dtype)  # [h·w, dim] made on the device
+        x = self.embed(tokens) + pos[known]  # [B, n, dim] the known patches at their places
+        q = self.mask_token.to(x.dtype) + pos[wanted]  # [B, m, dim] a mask token at each wanted place
+        y = self.blocks(torch.cat([x, q], dim=1))  # [B, n + m, dim]
+        return self.out(self.ln(y[:, tokens.shape[1]:]))  # [B, m, out_dim]
 
 
 def build_vit(name: str, *, stem: str | None = None, width: float = 1.0, depth: int | None = None,

@@ -21,7 +21,9 @@ class EvalOptions:
     ``labels_fraction``: in (0, 1], also fine-tune a copy of the encoder with a linear head on that class-balanced
     fraction of the training labels (SimCLR's semi-supervised protocol, :mod:`kontrast.evaluate.finetune`); 0: no
     fine-tuning. ``finetune_epochs``: its epochs (0: SimCLR's, 60 on 1 % of the labels or fewer and 30 above);
-    ``finetune_batch_size`` and ``finetune_lr`` (per 256 images): SimCLR's.
+    ``finetune_batch_size`` and ``finetune_lr`` (per 256 images): SimCLR's. ``split``: what is scored, ``test``,
+    or ``validation``: the rows a run held out of its training split (``data.validation``), every score fit on the
+    other training rows, so settings are chosen without the test split.
     """
 
     device: str = "cpu"
@@ -33,6 +35,7 @@ class EvalOptions:
     finetune_epochs: int = 0
     finetune_batch_size: int = 256
     finetune_lr: float = 0.05
+    split: str = "test"  # or "validation": the run's held-out training rows (data.validation), fit on the rest
 
 
 DEFAULTS = EvalOptions()  # kontrast eval's: kNN, linear probe and clustering in fp32 on the CPU, no fine-tuning

@@ -8,7 +8,7 @@ from pathlib import Path
 from kontrast.augment import ViewSpec
 from kontrast.checkpoint import RUN_CONFIG, STATE_FILE, latest_checkpoint, load_weights, read_run_config
 from kontrast.config import Config
-from kontrast.data import load_images
+from kontrast.data import Samples, load_images, split_validation
 from kontrast.data.cache import write_atomic
 from kontrast.decisions import check_source_kind, view_specs
 from kontrast.errors import UserError
@@ -79,7 +79,7 @@ def evaluate_run(path: str | Path, data: str | None = None, options: EvalOptions
     cfg, method, ckpt = load_run(path)
     source = data or cfg.data.source
     kw = dict(size=cfg.data.size, cache_dir=cfg.data.cache_dir, skip_bad_images=cfg.data.skip_bad_images)
-    train, test = load_images(source, "train", **kw), load_images(source, "test", **kw)
+    train, test = _splits(cfg, source, options.split, kw)
     check_source_kind(cfg, train.name, train.x.is_floating_point())  # evaluation reads labels, not the method's
     specs = run_views(ckpt, cfg, method)  # the recipe's normalisation; none for sequences
     spec = specs[0] if specs else None
@@ -91,9 +91,22 @@ def evaluate_run(path: str | Path, data: str | None = None, options: EvalOptions
     if supports_zeroshot(method) and test.classes:  # image-text models classify from class-name prompts
         result["zeroshot_top1"] = zeroshot_top1(method.to(device), test, mean=spec.mean, std=spec.std,
                                                 device=device, precision=precision)
-    result = {"checkpoint": str(ckpt), "method": cfg.method.name, "data": source, "precision": precision, **result}
+    result = {"checkpoint": str(ckpt), "method": cfg.method.name, "data": source, "split": options.split,
+              "precision": precision, **result}
     _keep_in_run(ckpt.parent.parent / EVAL_FILE, result)
     return result
+
+
+def _splits(cfg, source: str, split: str, kw: dict) -> tuple[Samples, Samples]:
+    """(what the kNN bank and probe fit on, what is scored): the training and test splits, or for ``validation``
+    the training rows the run trained on and the ones it held out (``data.validation``)."""
+    train = load_images(source, "train", **kw)
+    if split != "validation":
+        return train, load_images(source, "test", **kw)
+    if not cfg.data.validation:
+        raise UserError("this run held out no validation images (data.validation 0); train with --set "
+                        "data.validation=N to choose settings on N held-out training images, or score --split test")
+    return split_validation(train, cfg.data.validation)
 
 
 def _keep_in_run(path: Path, result: dict) -> None:

@@ -165,9 +165,12 @@ def backbone_info(encoder: nn.Module, name: str, *, stem: str | None, width: flo
             "load": "kontrast.outputs.export.load_backbone(folder)"}
     if isinstance(encoder, VisionTransformer):  # what create_encoder needs besides name and width
         info["encoder_options"] = {"image_size": encoder.image_size, "patch_size": encoder.patch_size,
-                                   "depth": encoder.depth}
+                                   "depth": encoder.depth, "pool": encoder.pool}
         note = ("the position embedding is kontrast's fixed 2-D sin-cos table, stored as torchvision's (learned) "
                 "encoder.pos_embedding; torchvision accepts only image_size inputs, kontrast any multiple of the patch")
+        if encoder.pool == "mean":
+            note += ("; the feature is the mean of the patch tokens after the final LayerNorm (encoder.pool mean), "
+                     "where torchvision's forward returns the class token: average model.encoder(...)[:, 1:] there")
     return {**info, "note": note} if note else info
 
 

@@ -4,7 +4,8 @@ strictly.
 kontrast's ResNets carry torchvision's key names, which timm's ResNets share; its ViTs carry torchvision's
 ``VisionTransformer`` names, which differ from timm's ``VisionTransformer`` (``class_token`` -> ``cls_token``,
 ``conv_proj`` -> ``patch_embed.proj``, the attention's packed ``in_proj`` -> ``attn.qkv``, ...) but hold the same
-tensors: the same q/k/v stacking, LayerNorm eps 1e-6, GELU MLP of ratio 4, the class token after the final norm.
+tensors: the same q/k/v stacking, LayerNorm eps 1e-6, GELU MLP of ratio 4, the class token after the final norm
+(with ``encoder.pool`` mean, the patch tokens' mean after it: timm's ``global_pool='avg', fc_norm=False``).
 The fixed sin-cos position table goes into timm's (learnable) ``pos_embed``. ``kontrast export --format timm`` writes
 the renamed file and the call that builds the model in ``backbone.json``; :func:`from_timm` renames it back.
 """
@@ -31,6 +32,8 @@ def timm_recipe(encoder: nn.Module, name: str, width: float) -> dict | None:
     if isinstance(encoder, VisionTransformer) and name in TIMM_VITS:
         kwargs = {"num_classes": 0, "img_size": encoder.image_size, "patch_size": encoder.patch_size,
                   "embed_dim": encoder.dim, "depth": encoder.depth, "num_heads": encoder.heads}
+        if encoder.pool == "mean":  # the patch tokens' mean after the final norm (timm's avg pool, no fc_norm)
+            kwargs.update(global_pool="avg", fc_norm=False)
         return _recipe(TIMM_VITS[name], kwargs, {})
     return None
 

@@ -26,12 +26,13 @@ class Curve:
 CURVES = (
     Curve("loss", "training loss", "loss"),
     Curve("lr", "learning rate", "lr"),
-    Curve("knn_top1", "kNN top-1 on held-out data", "top-1"),
+    Curve("knn_top1", "kNN top-1 on the test split", "top-1"),
+    Curve("knn_val_top1", "kNN top-1 on the validation split (data.validation)", "top-1"),
     Curve("embedding_std", "embedding std (0 = collapsed)", "std"),
     Curve("mi_bound", "MI lower bound log N \u2212 L", "nats"),
 )
 
-FINAL_KEYS = ("loss", "knn_top1", "embedding_std", "mi_bound", "img_per_s")  # shown as "final metrics"
+FINAL_KEYS = ("loss", "knn_top1", "knn_val_top1", "embedding_std", "mi_bound", "img_per_s")  # shown as "final metrics"
 
 
 def read_metrics(path: str | Path) -> list[dict]:

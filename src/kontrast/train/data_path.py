@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from kontrast.config import Config
-from kontrast.data import batch_indices, load_images
+from kontrast.data import batch_indices, load_images, split_validation
 from kontrast.data.cache import bytes_in_words
 from kontrast.data.decode import read_regular_file
 from kontrast.data.layout import list_files, plan_layout
@@ -77,7 +77,7 @@ def choose_mode(cfg: Config, device: torch.device) -> tuple[Config, str]:
         return cfg, f"data.mode={dc.mode}"
     if not (is_folder_spec(dc.source) or is_shard_spec(dc.source)):
         return replace(cfg, data=replace(dc, mode="memory")), "auto: this kind of source is read into memory"
-    n = _train_count(dc)
+    n = max(_train_count(dc) - dc.validation, 0)
     n = min(n, dc.limit) if dc.limit else n
     need, budget = n * 3 * dc.size * dc.size, dc.memory_budget * _total_memory(device)
     verdict = "fits" if need <= budget else "is over"
@@ -106,16 +106,31 @@ def load_train_data(cfg: Config, device: torch.device, why: str) -> TrainData:
     dc = cfg.data
     if dc.mode == "stream":
         source = open_stream(dc.source, "train", cache_dir=dc.cache_dir, skip_bad_images=dc.skip_bad_images)
-        source = source.subset(dc.limit, seed=cfg.train.seed)
-        return TrainData(source, source.summary(dc.size, dc.workers, why))
+        source = split_validation(source, dc.validation)[0].subset(dc.limit, seed=cfg.train.seed)
+        held = f"; {dc.validation} more held out as the validation split" if dc.validation else ""
+        return TrainData(source, source.summary(dc.size, dc.workers, why) + held)
     full = load_images(dc.source, "train", size=dc.size, cache_dir=dc.cache_dir, skip_bad_images=dc.skip_bad_images)
-    data = full.subset(dc.limit, seed=cfg.train.seed)
+    rest = split_validation(full, dc.validation)[0]  # never trained on: the validation rows (data.validation)
+    data = rest.subset(dc.limit, seed=cfg.train.seed)
     source = ""
     if is_folder_spec(dc.source):  # the files' own sizes, from a spread of headers (the cache keeps none)
         root = Path(dc.source).expanduser()
         sizes = spread_sizes(lambda i: read_regular_file(root / data.paths[i]), len(data))
         source = f"; source {size_range(sizes, sampled=True)}"
-    return TrainData(data, f"{data.summary(of=len(full))}{source}; memory path ({why})")
+    return TrainData(data, f"{data.summary(of=len(rest), validation=dc.validation)}{source}; memory path ({why})")
+
+
+def load_validation(cfg: Config):
+    """The run's validation split (``data.validation`` rows of the training split, never trained on) in memory at
+    ``data.size``: the memory path's rows, or the streaming path's decoded; None when the run holds none out."""
+    dc = cfg.data
+    if not dc.validation:
+        return None
+    if dc.mode == "stream":
+        source = open_stream(dc.source, "train", cache_dir=dc.cache_dir, skip_bad_images=dc.skip_bad_images)
+        return split_validation(source, dc.validation)[1].decoded(dc.validation, dc.size)
+    full = load_images(dc.source, "train", size=dc.size, cache_dir=dc.cache_dir, skip_bad_images=dc.skip_bad_images)
+    return split_validation(full, dc.validation)[1]
 
 
 def epoch_batches(train: TrainData, cfg: Config, specs: tuple, start: int, rank: int, world: int,

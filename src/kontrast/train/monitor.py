@@ -9,6 +9,7 @@ from kontrast.data.stream_source import StreamSource, is_shard_spec
 from kontrast.errors import UserError
 from kontrast.evaluate.options import EvalOptions
 from kontrast.evaluate.protocol import evaluate_encoder
+from kontrast.train.data_path import load_validation
 from kontrast.train.events import Listener
 from kontrast.train.plan import RunPlan
 
@@ -27,6 +28,8 @@ class KnnMonitor(Listener):
         tc = cfg.train
         if not tc.knn_every or data.labels is None:
             return None
+        if cfg.data.validation:  # the rows held out of the training split, not the test split
+            return cls(plan, _bank(data, cfg), load_validation(cfg).subset(tc.knn_max_test, seed=tc.seed))
         try:
             test = load_images(cfg.data.source, "test", size=cfg.data.size, cache_dir=cfg.data.cache_dir,
                                skip_bad_images=cfg.data.skip_bad_images)
@@ -35,10 +38,7 @@ class KnnMonitor(Listener):
                 raise
             print(f"note: no kNN monitor: {exc}", file=sys.stderr)
             return None
-        # the streaming path: the monitor's bank decoded whole, at most knn_max_train
-        if isinstance(data, StreamSource):
-            data = data.decoded(tc.knn_max_train, cfg.data.size, seed=tc.seed)
-        return cls(plan, data, test.subset(tc.knn_max_test, seed=tc.seed))
+        return cls(plan, _bank(data, cfg), test.subset(tc.knn_max_test, seed=tc.seed))
 
     def run_start(self, loop) -> None:
         if loop.start_step == 0:
@@ -56,6 +56,14 @@ class KnnMonitor(Listener):
                               clustering=False)  # kNN alone
         bank = self.train.subset(cfg.train.knn_max_train)  # at most knn_max_train rows (0: all)
         res = evaluate_encoder(method.encoder, bank, self.test, cfg.eval, options, mean=mean, std=std)
-        loop.events.emit("record", loop, {"epoch": epoch, "knn_top1": res["knn_top1"]},
-                         f"epoch {epoch}: kNN top-1 {res['knn_top1']:.4f}")
+        key, split = ("knn_val_top1", " (validation)") if cfg.data.validation else ("knn_top1", "")
+        loop.events.emit("record", loop, {"epoch": epoch, key: res["knn_top1"]},
+                         f"epoch {epoch}: kNN top-1{split} {res['knn_top1']:.4f}")
         method.train()
+
+
+def _bank(data, cfg):
+    """The kNN bank's source: the training rows (the streaming path's decoded whole, at most knn_max_train)."""
+    if isinstance(data, StreamSource):
+        return data.decoded(cfg.train.knn_max_train, cfg.data.size, seed=cfg.train.seed)
+    return data

@@ -86,7 +86,8 @@ def test_exported_file_loads_into_torchvision_and_gives_the_same_features(tmp_pa
     enc = create_encoder("vit_small", image_size=32, width=0.25, depth=2).eval()  # dim 96, 6 heads of 16
     info = write_backbone(enc, backbone_info(enc, "vit_small", stem=None, width=0.25), tmp_path / "bb")
     recipe = info["torchvision"]
-    assert info["loads_in_torchvision"] and info["encoder_options"] == {"image_size": 32, "patch_size": 4, "depth": 2}
+    assert info["loads_in_torchvision"] and info["encoder_options"] == {"image_size": 32, "patch_size": 4, "depth": 2,
+                                                                        "pool": "token"}
     model = torchvision.models.VisionTransformer(**recipe["args"])
     model.heads = nn.Identity()
     from safetensors.torch import load_file
@@ -241,3 +242,73 @@ def test_stochastic_depth_drops_whole_residual_branches_per_sample_in_training_o
         from kontrast.decisions import build_encoder, decide
         from kontrast.methods.build import resolve
         build_encoder(decide(resolve({"encoder": {"drop_path": 0.1}, "data": {"size": 32}})).encoder_args)
+
+
+def test_kept_patches_are_the_full_forward_when_all_are_kept_and_follow_their_order():
+    enc = create_encoder("vit_tiny", image_size=16, width=0.125, depth=2, patch_size=4).eval()  # a 4x4 grid
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        full = enc.forward_tokens(x)[0]  # [2, 17, D]
+        every = enc.forward_tokens(x, keep=torch.arange(16).expand(2, -1))[0]
+        order = torch.stack([torch.randperm(16)[:6] for _ in range(2)])  # [2, 6] a different subset per image
+        some = enc.forward_tokens(x, keep=order)[0]  # [2, 7, D]
+        back = enc.forward_tokens(x, keep=order.flip(1))[0]
+    torch.testing.assert_close(every, full)
+    assert some.shape == (2, 7, enc.dim)
+    torch.testing.assert_close(back[:, 1:], some[:, 1:].flip(1))  # the same tokens, in the order asked
+    torch.testing.assert_close(back[:, 0], some[:, 0])  # the class token does not depend on the order
+
+
+def test_token_predictor_fills_the_wanted_places_from_the_known_ones():
+    from kontrast.encoders.vit import TokenPredictor
+
+    pred = TokenPredictor(in_dim=24, dim=16, depth=1, heads=2, out_dim=12).eval()
+    tokens, known, wanted = torch.randn(2, 5, 24), torch.tensor([[0, 1, 2, 3, 4]] * 2), torch.tensor([[7, 9, 11]] * 2)
+    with torch.no_grad():
+        out = pred(tokens, known, wanted, (4, 4))
+        swapped = pred(tokens, known, wanted.flip(1), (4, 4))
+        moved = pred(tokens, known, torch.tensor([[6, 9, 11]] * 2), (4, 4))
+    assert out.shape == (2, 3, 12)
+    torch.testing.assert_close(swapped, out.flip(1))  # a wanted token's output is its place's, in any order
+    assert not torch.allclose(moved[:, 0], out[:, 0])  # and depends on where it is
+    with pytest.raises(UserError, match="multiple of 4"):
+        TokenPredictor(24, 18, 1, 3, 12)
+
+
+def test_pool_mean_returns_the_patch_tokens_mean_and_other_encoders_refuse_it():
+    token = create_encoder("vit_tiny", image_size=16, width=0.125, depth=1).eval()
+    mean = create_encoder("vit_tiny", image_size=16, width=0.125, depth=1, pool="mean").eval()
+    mean.load_state_dict(token.state_dict())
+    x = torch.randn(3, 3, 16, 16)
+    with torch.no_grad():
+        tokens = token.forward_tokens(x)[0]  # [3, 1 + 16, D] after the final LayerNorm
+        torch.testing.assert_close(token(x), tokens[:, 0])  # the default: the class token
+        torch.testing.assert_close(mean(x), tokens[:, 1:].mean(dim=1))
+    with pytest.raises(UserError, match="encoder.pool must be one of token, mean"):
+        create_encoder("vit_tiny", image_size=16, pool="max")
+    with pytest.raises(UserError, match="encoder.pool"):
+        resolve({"encoder": {"name": "vit_tiny", "pool": "max"}})
+    with pytest.raises(UserError, match="encoder 'resnet18' has no pool option; set encoder.pool=token"):
+        create_method(resolve({"encoder": {"name": "resnet18", "width": 0.125, "pool": "mean"}}))
+    cfg = resolve({"encoder": {**TINY_VIT, "pool": "mean"}, "data": {"size": 16}})
+    assert create_method(cfg).encoder.pool == "mean"
+
+
+def test_export_records_pool_mean_and_every_loader_gives_the_same_features(tmp_path):
+    enc = create_encoder("vit_tiny", image_size=16, width=0.5, depth=2, pool="mean").eval()  # dim 96, 3 heads
+    info = write_backbone(enc, backbone_info(enc, "vit_tiny", stem=None, width=0.5), tmp_path / "bb")
+    assert info["encoder_options"]["pool"] == "mean" and "mean of the patch tokens" in info["note"]
+    x = torch.randn(2, 3, 16, 16)
+    loaded = load_backbone(tmp_path / "bb")
+    assert loaded.pool == "mean"
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), enc(x))
+    timm = pytest.importorskip("timm")
+    from kontrast.outputs.timm_layout import timm_recipe, to_timm
+
+    recipe = timm_recipe(enc, "vit_tiny", 0.5)
+    assert (recipe["kwargs"]["global_pool"], recipe["kwargs"]["fc_norm"]) == ("avg", False)
+    model = timm.create_model(recipe["model"], pretrained=False, **recipe["kwargs"]).eval()
+    model.load_state_dict(to_timm(enc.state_dict(), enc), strict=True)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), enc(x), atol=1e-5, rtol=1e-4)
