@@ -76,8 +76,9 @@ OFF_BY_DEFAULT = ("depth", "patch_size", "freeze_patch_embed", "drop_path")
 # optimizer options the peer script has not: at these, no effect
 OPTIM_OFF = {"weight_decay_end": None, "clip_grad": 0.0}
 HANDLED = {"train": {"epochs", "batch_size", "accumulate", "seed", "precision", "channels_last", "device", "compile"},
-           "data": {"size", "limit"}, "eval": {"knn_k", "knn_temperature"},
-           "encoder": {"name", "stem", "width", "zero_init_residual", "torch_init", "weights", *OFF_BY_DEFAULT},
+           "data": {"size", "limit", "validation"}, "eval": {"knn_k", "knn_temperature"},
+           "encoder": {"name", "stem", "width", "zero_init_residual", "torch_init", "weights", "pool",
+                       *OFF_BY_DEFAULT},
            "augment": {"recipe", "view", "views", "min_size", "size_ramp"}}
 
 
@@ -183,6 +184,10 @@ def peer_settings(cfg, args) -> tuple[list[str], list[str], list[str]]:
     if enc.weights:  # both sides would have to start from the same weights: the peer script cannot load them
         unknown.append(f"encoder.weights={enc.weights} (the peer starts from a random initialisation)")
     unknown += [f"encoder.{k}={getattr(enc, k)}" for k in OFF_BY_DEFAULT if getattr(enc, k) not in (None, False)]
+    if enc.pool != "token":  # a ViT's feature: the peer's ResNet has none
+        unknown.append(f"encoder.pool={enc.pool} (the peer's ResNet pools its last map)")
+    if cfg.data.validation:  # the peer trains on every training image of the limit
+        unknown.append(f"data.validation={cfg.data.validation} (the peer holds no training images out)")
     if cfg.augment.views is not None:  # the peer's methods take their own two views
         unknown.append(f"augment.views={cfg.augment.views} (the peer's method takes its own views)")
     if cfg.augment.min_size:  # the peer's views are at data.size throughout
