@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from kontrast.config import checked
 from kontrast.errors import UserError
 from kontrast.methods.base import Method, Needs, Progress, Ranks, embedding_std
+from kontrast.precision import at_least_float32
 from kontrast.registry import METHODS
 
 
@@ -81,6 +82,6 @@ class Supervised(Method):
                             "indices")
         h, logits = self.in_micro_batches(self._logits, views)  # [V B, D], [V B, K] view after view
         y = self.labels[indices].repeat(len(views))  # [V B] each view's class
-        loss = F.cross_entropy(logits.float(), y)  # - mean log softmax(W h + c)_y
+        loss = F.cross_entropy(at_least_float32(logits), y)  # - mean log softmax(W h + c)_y
         return {"loss": loss, "train_top1": (logits.argmax(1) == y).float().mean(),
                 "embedding_std": embedding_std(h[:views[0].shape[0]])}
