@@ -163,7 +163,9 @@ def train_args(cell: dict, data: Path, run: Path) -> list[str]:
             f"train.precision={cell['precision']}"]
     if cell["method"] == "cpc":
         source = f"sequences:{max(2 * batch, 8)}"  # (data.limit keeps 2 batches of the 8 the source needs at least)
-        sets += ["method.context_dim=32", "method.steps=3", f"method.negative_pool={POOL['cpc']}"]
+        # the sequence encoder at the image cells' width (128 channels, not 512): a sixteenth of the convolutions'
+        # cost, the same code paths
+        sets += ["method.context_dim=32", "method.steps=3", f"method.negative_pool={POOL['cpc']}", "encoder.width=0.25"]
     else:
         source = str(data)
         sets += [f"data.size={size_of(cell)}", f"data.mode={cell['data']}",

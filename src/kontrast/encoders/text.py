@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kontrast.encoders.attention import fastest_kernel
+
 SOT, EOT, PAD = 256, 257, 258
 VOCAB_SIZE = 259
 
@@ -58,7 +60,8 @@ class TextTransformer(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         n = tokens.shape[1]  # L <= context_length
         x = self.token_embedding(tokens) + self.position_embedding[:n]  # [B, L, width]
-        x = self.blocks(x, mask=self.causal_mask[:n, :n], is_causal=True)  # [B, L, width]
+        with fastest_kernel(x, n):  # the math path in bf16 on the CPU: flash is slower at text lengths
+            x = self.blocks(x, mask=self.causal_mask[:n, :n], is_causal=True)  # [B, L, width]
         x = self.ln_final(x)
         end = (tokens == EOT).long().argmax(dim=1)  # [B] position of each end token
         return x[torch.arange(len(tokens), device=tokens.device), end]  # [B, width]

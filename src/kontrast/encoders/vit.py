@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kontrast.encoders.attention import attention
 from kontrast.errors import UserError
 from kontrast.registry import ENCODERS
 
@@ -78,7 +79,7 @@ def with_class_position(pos: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention through ``F.scaled_dot_product_attention``.
+    """Multi-head self-attention through ``F.scaled_dot_product_attention`` (:func:`attention`).
 
     Parameter names are ``nn.MultiheadAttention``'s (``in_proj_weight [3D, D]``, ``in_proj_bias``,
     ``out_proj``), hence torchvision's ViT's.
@@ -95,7 +96,7 @@ class Attention(nn.Module):
         b, n, d = x.shape
         qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)  # [B, N, 3D]
         q, k, v = qkv.view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)  # [B, h, N, D/h] each
-        out = F.scaled_dot_product_attention(q, k, v)  # [B, h, N, D/h] softmax(q kᵀ / sqrt(D/h)) v
+        out = attention(q, k, v)  # [B, h, N, D/h] softmax(q kᵀ / sqrt(D/h)) v
         return self.out_proj(out.transpose(1, 2).reshape(b, n, d))  # [B, N, D]
 
 
