@@ -203,6 +203,12 @@ def _read_tensors(path: Path, name: str, state: dict) -> dict[str, torch.Tensor]
                         f"{_earlier(Path(path))}") from None
 
 
+def model_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """The method's tensors in checkpoint folder ``path`` (``model.safetensors``), verified as :func:`load_weights`
+    verifies them, without a method to load them into (a distillation teacher reads its encoder from them)."""
+    return _read_tensors(Path(path), MODEL_FILE, read_state(Path(path)))
+
+
 def _check_fits(file: Path, tensors: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
     missing = sorted(set(expected) - set(tensors))
     extra = sorted(set(tensors) - set(expected))

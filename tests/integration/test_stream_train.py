@@ -28,6 +28,7 @@ from kontrast.methods import METHODS
 from support import floors
 from support.args import train_command
 from support.cli import in_process
+from support.teacher import teacher_args
 
 N, BATCH, EPOCHS = 48, 16, 2
 STEPS = EPOCHS * N // BATCH
@@ -245,7 +246,7 @@ def test_every_image_method_trains_on_the_streaming_path(name, folder, tmp_path,
     decode time), CLIP's captions from the folder's labels, InstDisc's memory bank by sample number."""
     size = "32" if name in ("amdim", "yadim", "cpc_v2") else "16"  # their encoders and patch grids need 32 px
     args = train_args(folder, tmp_path / "run", "--method", name, "--epochs", "1", "--set", f"data.size={size}",
-                      "--set", "data.workers=0")
+                      "--set", "data.workers=0", *teacher_args(name))
     assert in_process(args) == 0
     summary = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert summary["steps"] == 3 and np.isfinite(summary["final_loss"])

@@ -19,6 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import yaml
+
+from support.teacher import tiny_teacher
+
 
 @dataclass(frozen=True)
 class Sizes:
@@ -77,6 +81,8 @@ SIZES: dict[str, Sizes] = {
     "mae": Sizes(heads=MAE_DECODER, ranks=("encoder.name=vit_tiny", "encoder.depth=2", *MAE_DECODER)),
     "mmcr": Sizes(heads=("method.proj_hidden=64", "method.proj_dim=16")),
     "lejepa": Sizes(heads=("method.proj_hidden=64", "method.directions=64")),
+    # distill: a tiny teacher written by this test process (support/teacher.py), the same on every side of a comparison
+    "distill": Sizes(heads=(f"method.teacher={tiny_teacher()}",), ranks=(f"method.teacher={tiny_teacher()}",)),
 }
 
 
@@ -97,5 +103,6 @@ def rank_settings(method: str) -> list[str]:
 
 def micro_batch_params(method: str) -> dict:
     """``method``'s section for the micro-batch unit test: its small heads as values, then its queues over them."""
-    heads = {item.split("=")[0].removeprefix("method."): int(item.split("=")[1]) for item in small_heads(method)}
+    heads = {item.split("=")[0].removeprefix("method."): yaml.safe_load(item.split("=", 1)[1])
+             for item in small_heads(method)}
     return heads | sizes(method).micro_batches

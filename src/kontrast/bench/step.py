@@ -5,7 +5,7 @@ synchronisation between phases on a GPU): data + augmentation (index the uint8 d
 ``make_views``), forward + loss (``training_step``), backward, the non-finite guard,
 optimizer, ``after_step`` (queues, EMA, banks). Then the encoder alone: every call the step
 made to ``method.encoder`` is replayed on the same inputs (forward + backward of a plain sum),
-and every call to a momentum copy of it (MoCo's key encoder, BYOL's target) is replayed
+and every call to a momentum copy of it (MoCo's key encoder, BYOL's target) or to a frozen teacher (distill) is replayed
 forward only. ``outside`` = 1 - (encoder fwd+bwd + target fwd) / step: the time a perfect
 implementation of everything but the encoder could still save.
 """
@@ -82,6 +82,7 @@ def step_breakdown(cfg: Config, data, *, iters: int) -> dict:
     ctx.lrs = lr_schedule(ctx.peak_lr, STEPS, 0, plan.cfg.optim.min_lr).tolist()
     ctx.wds = weight_decay_schedule(plan.cfg.optim, STEPS)
     targets = [m for m in method.modules() if type(m) is type(method.encoder) and m is not method.encoder]
+    targets += list(method.frozen_networks())  # a distillation teacher: forward only, timed with the targets
     one_step = _stepper(ctx, tc, [method.encoder, *targets])
     method.train()
     calls: list[list] = [[] for _ in range(1 + len(targets))]

@@ -12,6 +12,7 @@ from kontrast.methods import (  # noqa: F401
     cpc_v2,
     dcl,
     dino,
+    distill,
     ibot,
     infomin,
     instdisc,

@@ -184,6 +184,11 @@ class Method(nn.Module):
     def after_step(self, out: dict[str, torch.Tensor], progress: Progress) -> None:
         """Update stateful parts after the optimizer step from ``out`` (this step's ``training_step`` output)."""
 
+    def frozen_networks(self) -> tuple[nn.Module, ...]:
+        """Networks the step runs forward only that are not submodules (a distillation teacher): outside the
+        optimizer and the checkpoint, and timed by ``kontrast bench`` as targets are. Most methods have none."""
+        return ()
+
     def bind_data(self, data: Any) -> str | None:
         """Receive the training set (:class:`~kontrast.data.Samples`) once, before training.
 
