@@ -76,7 +76,9 @@ class DataConfig:
                                         # not the test split; `kontrast eval --split validation` (0 = none)
     mode: str = checked("auto", choices=("auto", "memory", "stream"))  # auto: memory when the decoded set fits
                                                                        # memory_budget, else stream
-    workers: int = checked(2, ge=0)  # stream: DataLoader worker processes that decode (0 = in the loop's process)
+    workers: int | Literal["auto"] = checked("auto", ge=0)  # stream: DataLoader worker processes that decode (0 =
+                                                           # in the loop's process); auto: 2 on a GPU, on a CPU as
+                                                           # many (up to 2) as cores the training threads leave free
     memory_budget: float = checked(0.25, gt=0, le=1)  # auto: memory path when the decoded set fits this share of RAM
 
 

@@ -86,6 +86,34 @@ def choose_mode(cfg: Config, device: torch.device) -> tuple[Config, str]:
     return replace(cfg, data=replace(dc, mode="memory" if need <= budget else "stream")), why
 
 
+AUTO_WORKERS = 2  # data.workers auto: the most decoding workers a run starts
+
+
+def choose_workers(cfg: Config, device: torch.device) -> tuple[Config, str]:
+    """``cfg`` with ``data.workers`` decided (never ``auto``), and the reason in words (empty when it was set).
+
+    On a GPU the device computes and the CPU decodes beside it: 2 workers. On a CPU a worker only helps on a core the
+    training threads leave free; on a busy core it takes turns with them, and with several processes the one a worker
+    delays holds the others at the next collective. 2 processes x 1 thread on 2 cores, 1464 images of 96 px, batch
+    128: 8.6 s with 2 workers each, 4.7 s decoding in the loop's process; one process of 2 threads, 3.47 s against
+    3.42 s (docs/lab/performance.md §9, "Decoding workers"). Free cores: this process's (``os.sched_getaffinity``)
+    less its training threads, for every process of the node unless each is bound to its own (``train.bind_cores``).
+    """
+    dc = cfg.data
+    if dc.workers != "auto":
+        return cfg, ""
+    if device.type != "cpu":
+        workers, why = AUTO_WORKERS, f"auto: the {device.type} device computes while the CPU decodes"
+    else:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        threads, local = torch.get_num_threads(), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        sharing = 1 if cores <= threads else local  # bound to its own cores, or sharing the node's with the others
+        free = max(cores - threads * sharing, 0)
+        workers = min(AUTO_WORKERS, free)
+        why = f"auto: {free} of {cores} core(s) free of the training threads ({threads} x {sharing} process(es))"
+    return replace(cfg, data=replace(dc, workers=workers)), why
+
+
 def _train_count(dc) -> int:
     """Training images in a folder (its layout plan) or a set of shards (its index; bad images are reported later)."""
     with warnings.catch_warnings():

@@ -32,7 +32,7 @@ from kontrast.plugins import RUN_KEY, plugin_files
 from kontrast.precision import choose_precision
 from kontrast.registry import METHODS
 from kontrast.train import distributed
-from kontrast.train.data_path import TrainData, choose_mode, load_train_data
+from kontrast.train.data_path import TrainData, choose_mode, choose_workers, load_train_data
 from kontrast.train.guards import NonFiniteGuard
 from kontrast.train.optim import create_optimizer, lr_schedule, peak_lr, weight_decay_schedule
 from kontrast.train.step import StepContext
@@ -136,6 +136,9 @@ def plan_run(cfg: Config, ranks: Ranks = Ranks()) -> RunPlan:
     if ranks.world > 1 and cfg.data.mode != "stream" and distributed.max_over_ranks(int(cfg.data.mode == "stream")):
         cfg = replace(cfg, data=replace(cfg.data, mode="stream"))  # one path for all: a node's budget is short
         data_why += "; streamed because another process's memory budget is too small"
+    if cfg.data.mode == "stream":
+        cfg, workers_why = choose_workers(cfg, device)
+        data_why += f"; decoding workers {workers_why}" if workers_why else ""
     decisions = replace(decisions, cfg=cfg)
     ramp = _ramp_views(decisions) if cfg.augment.min_size else ()
     return RunPlan(cfg=cfg, device=str(device), rank=ranks.rank, world=ranks.world, numerics=numerics,

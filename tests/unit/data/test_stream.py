@@ -20,7 +20,7 @@ from kontrast.data.stream_dataset import RunBatches, StreamViews, ViewCollate, r
 from kontrast.data.stream_decode import batch_crop_boxes, crop_boxes, decode_views, draft_factor
 from kontrast.data.stream_source import open_stream
 from kontrast.errors import UserError
-from kontrast.train.data_path import choose_mode
+from kontrast.train.data_path import choose_mode, choose_workers
 
 CPU = torch.device("cpu")
 
@@ -203,6 +203,26 @@ def test_auto_mode_keeps_memory_while_the_set_fits_its_budget(folder, tmp_path):
     assert chosen("shapes:64")[0] == "memory" and chosen("shapes:64", mode="stream")[0] == "stream"
     with pytest.raises(UserError, match="data.mode=stream reads an ImageFolder directory or tar shards"):
         open_stream("shapes:64")
+
+
+@pytest.mark.parametrize("cores, threads, local, free, workers", [
+    (2, 1, 2, 0, 0),    # 2 processes of 1 thread sharing 2 cores: none free
+    (1, 1, 2, 0, 0),    # a process bound to its own core (train.bind_cores)
+    (2, 2, 1, 0, 0),    # one process of 2 threads on 2 cores
+    (2, 1, 1, 1, 1),    # one thread on 2 cores: one core free
+    (64, 8, 1, 56, 2),  # many free cores: at most 2 workers
+    (16, 4, 2, 8, 2),   # 2 unbound processes of 4 threads on 16 cores
+])
+def test_auto_decoding_workers_take_only_the_cores_the_training_threads_leave(cores, threads, local, free, workers,
+                                                                              monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local))
+    cfg, why = choose_workers(replace(Config(), data=DataConfig(source="x")), CPU)
+    assert cfg.data.workers == workers and why.startswith(f"auto: {free} of {cores} core(s) free"), why
+    set_two = replace(Config(), data=DataConfig(source="x", workers=2))
+    assert choose_workers(set_two, CPU) == (set_two, "")  # a set count is kept
+    assert choose_workers(replace(Config(), data=DataConfig(source="x")), torch.device("cuda"))[0].data.workers == 2
 
 
 def test_shards_load_into_memory_as_their_folder_does_and_patterns_stay_absolute(folder, tmp_path, monkeypatch):
