@@ -136,7 +136,13 @@ def ours(a, seed: int) -> dict:
                                  a.work / "eval.log")
         points.append({**snap, "knn_top1": evaluated[-1]["knn_top1"]})
     return {"side": "ours", "label": a.label, "seed": seed, "split": split(a), "points": points,
-            "process_s": round(process_s, 1), "command": shlex.join(cmd)}
+            "process_s": round(process_s, 1), "command": repo_relative(cmd)}
+
+
+def repo_relative(cmd: list[str]) -> str:
+    """``cmd`` as a row records it: paths inside the repository relative to its root (where the command runs)."""
+    root = f"{ROOT}/"
+    return shlex.join(arg.replace(root, "") for arg in cmd)
 
 
 def split(a) -> str:
@@ -170,7 +176,7 @@ def peer(a, seed: int) -> dict:
     by_time = {round(s["train_s"], 1): s["knn_top1"] for s in scores}
     points = [{**snap, "knn_top1": by_time[round(snap["train_s"], 1)]} for snap in snaps]
     return {"side": "peer", "label": label, "seed": seed,
-            "points": points, "process_s": round(process_s, 1), "schedule_steps": steps, "command": shlex.join(cmd)}
+            "points": points, "process_s": round(process_s, 1), "schedule_steps": steps, "command": repo_relative(cmd)}
 
 
 def steady_rate(progress: str, last: dict) -> float:
@@ -242,7 +248,9 @@ def reached(rows: list[dict], targets: list[float], budget_s: float) -> list[str
     return lines
 
 
-def plot(rows: list[dict], path: Path, budget_s: float) -> None:
+def plot(rows: list[dict], path: Path, budget_s: float, references: list[dict] = ()) -> None:
+    """kNN against minutes for ``rows``; each of ``references`` (rows of another budget, e.g. a teacher's) as a
+    dotted line at its final kNN."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -256,6 +264,10 @@ def plot(rows: list[dict], path: Path, budget_s: float) -> None:
         xs, ys = [p["train_s"] / 60 for p in row["points"]], [p["knn_top1"] for p in row["points"]]
         ax.plot(xs, ys, marker="o", color=colours[key], linestyle="-" if row["seed"] == 0 else "--",
                 label=f"{'kontrast' if row['side'] == 'ours' else 'peer'}: {row['label']}, seed {row['seed']}")
+    for ref in references:
+        final = ref["points"][-1]
+        ax.axhline(final["knn_top1"], color="0.4", linestyle=":", label=f"{ref['label']}, seed {ref['seed']}: "
+                   f"{final['knn_top1']:.4f} after {final['train_s'] / 60:.1f} min")
     ax.set_xlabel("training wall-clock (minutes, 2-core CPU)")
     ax.set_ylabel("kNN top-1, CIFAR-10 test (k=200)")
     ax.set_xlim(0, budget_s / 60 * 1.02)
@@ -300,6 +312,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/time_to_accuracy.jsonl")
     p.add_argument("--plot", type=Path)
     p.add_argument("--plot-labels", help="comma-separated labels to draw (default: every row's)")
+    p.add_argument("--reference-labels", help="comma-separated labels of rows at any budget (a distillation "
+                   "teacher) drawn as a dotted line at their final kNN")
     p.add_argument("--eval-device", default="cpu", help="where kontrast's snapshots are scored (cpu, cuda, ...)")
     p.add_argument("--targets", type=levels, help="comma-separated kNN levels (e.g. 0.85,0.9): print the minutes each "
                    "kontrast row took to reach them")
@@ -347,7 +361,9 @@ def main(argv=None) -> None:
             print(f"error: no row is labelled {', '.join(map(repr, unknown))}; the labels are {', '.join(labels)}",
                   file=sys.stderr)
             sys.exit(2)
-        plot([r for r in rows if r["label"] in chosen], a.plot, a.budget_s)
+        every = [json.loads(line) for line in a.out.read_text().splitlines()] if a.out.exists() else []
+        references = [r for r in every if r["label"] in (a.reference_labels or "").split(",")]
+        plot([r for r in rows if r["label"] in chosen], a.plot, a.budget_s, references)
         print(f"plot: {a.plot}")
 
 
