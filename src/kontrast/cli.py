@@ -81,6 +81,10 @@ def _run(args, argv: list[str]) -> int:
     if args.command is None:  # bare `kontrast`: what it can do
         build_parser().print_help()
         return 0
+    if args.command == "train":  # --resume auto: continue or start, decided here and in every process alike
+        from kontrast.train.rundir import resolve_resume
+
+        args.resume, args.overwrite = resolve_resume(Path(args.out), args.resume, args.overwrite)
     if hasattr(args, "plugin"):  # a command that builds a method: --plugin files, installed packages' entry points
         from kontrast.plugins import load_plugins  # (and on --resume, every process: the files the run names)
 

@@ -25,6 +25,14 @@ def _auto_or_float(text: str):
     return value
 
 
+def _resume_mode(text: str) -> str:
+    """``--resume``'s one value: ``auto`` (argparse type)."""
+    if text != "auto":
+        raise argparse.ArgumentTypeError(f"--resume takes no value (continue) or auto (continue if there is a "
+                                         f"checkpoint, else start), not {text!r}")
+    return text
+
+
 def _precision_arg(p) -> None:
     p.add_argument("--precision", choices=["fp32", "bf16", "auto"], default="fp32", help=PRECISION_HELP)
 
@@ -72,7 +80,9 @@ def _train_args(sub) -> None:
     p.add_argument("--device", help="auto, cpu, cuda, cuda:N or mps (default: auto, a GPU when there is one)")
     p.add_argument("--skip-bad-images", action="store_true", help="skip unreadable images instead of refusing "
                    "(streaming: one met mid-epoch is replaced by a sample drawn from seed, epoch and its number)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
+    p.add_argument("--resume", nargs="?", const=True, default=False, type=_resume_mode, metavar="auto",
+                   help="continue the run in --out from its newest checkpoint; --resume auto: continue when it has "
+                   "one, start it otherwise (one command for every attempt of a requeued job)")
     p.add_argument("--overwrite", action="store_true", help="replace the run in --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--nproc", type=int, default=1, help="processes on this node (torchrun; docs/distributed.md); "

@@ -107,7 +107,26 @@ def test_resume_continues_to_more_epochs(tmp_path):
     assert [p.name for p in sorted((out / "checkpoints").iterdir())] == ["step-00000004", "step-00000008"]
 
 
+def test_resume_auto_starts_a_run_then_continues_it(tmp_path):
+    """``--resume auto``: one command for every attempt of a job. No checkpoint: it starts, replacing an attempt that
+    ended before its first checkpoint; a checkpoint: it continues from it."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"step": 1, "loss": 9.0}\n')  # an attempt killed before its checkpoint
+    args = ["--data", "shapes:256", "--batch-size", "64", "--out", str(out), "--resume", "auto", *FAST]
+    first = run_cli("train", "--epochs", "1", *args)
+    assert first.returncode == 0, first.stderr
+    assert "resuming" not in first.stdout and json.loads(first.stdout.strip().splitlines()[-1])["steps"] == 4
+    assert '"loss": 9.0' not in (out / "metrics.jsonl").read_text()
+    again = run_cli("train", "--epochs", "2", *args)
+    assert again.returncode == 0, again.stderr
+    assert "resuming from step 4 of 8" in again.stdout
+    assert json.loads(again.stdout.strip().splitlines()[-1])["steps"] == 8
+
+
 @pytest.mark.parametrize("args, fragments", [
+    (["--resume", "always"], ["--resume takes no value", "auto", "'always'"]),
+    (["--resume", "auto", "--overwrite"], ["--resume auto and --overwrite contradict"]),
     (["--method", "nope"], ["unknown method 'nope'", "simclr"]),
     (["--data", "/does/not/exist"], ["/does/not/exist"]),
     (["--set", "optim.lrr=1"], ["optim.lrr"]),

@@ -17,6 +17,7 @@ optimizer step (``train.nonfinite``: stop or skip); a collapsing embedding is wa
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -44,15 +45,15 @@ from kontrast.train.plan import (
     with_run_length,
     write_run_config,
 )
-from kontrast.train.rundir import check_run_dir, prepare_run_dir, rng_state, set_rng_state
+from kontrast.train.rundir import check_run_dir, prepare_run_dir, resolve_resume, rng_state, set_rng_state
 from kontrast.train.runlog import RunLog
 from kontrast.train.step import StepContext, StepResult, train_step
 
 COUNTERS = ("skipped", "consecutive_skips", "bad_images")  # the loop's own counts, kept in every checkpoint
 
 
-def fit(cfg: Config, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False, progress: bool = True,
-        listeners: list[Listener] = ()) -> dict:
+def fit(cfg: Config, run_dir: str | Path, *, resume: bool | str = False, overwrite: bool = False,
+        progress: bool = True, listeners: list[Listener] = ()) -> dict:
     """Pretrain ``cfg.method`` on ``cfg.data``; write checkpoints and metrics under ``run_dir``; return the summary.
 
     ``cfg``: a resolved config (:func:`kontrast.methods.build.resolve`); its run plan
@@ -60,7 +61,8 @@ def fit(cfg: Config, run_dir: str | Path, *, resume: bool = False, overwrite: bo
     ``listeners``: more subscribers to the loop's events (:class:`kontrast.train.events.Listener`); the fault
     injection of the reliability tests subscribes itself when ``KONTRAST_FAULTS`` asks for faults
     (:mod:`kontrast.train.faults`). ``train.num_threads`` holds for this call only, so a caller's thread count is
-    left as it was.
+    left as it was. ``resume``: True continues ``run_dir`` from its newest checkpoint; ``"auto"`` continues when it
+    has one and starts otherwise (:func:`kontrast.train.rundir.resolve_resume`).
     """
     threads = torch.get_num_threads()
     try:
@@ -78,7 +80,8 @@ def start_ranks(cfg: Config) -> Ranks:
                             cfg.train.collective_timeout)
 
 
-def _fit(cfg: Config, run_dir: Path, resume: bool, overwrite: bool, progress: bool, listeners: list) -> dict:
+def _fit(cfg: Config, run_dir: Path, resume: bool | str, overwrite: bool, progress: bool, listeners: list) -> dict:
+    resume, overwrite = resolve_resume(run_dir, resume, overwrite)  # "auto": continue if there is a checkpoint
     check_run_dir(run_dir, resume=resume, overwrite=overwrite)
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
@@ -159,6 +162,10 @@ class Loop:
         return self.ranks.rank == 0
 
     def resume_command(self) -> str:
+        """How to continue: one node's command, or on several nodes (fewer processes here than in the run) the
+        launch of every node again."""
+        if int(os.environ.get("LOCAL_WORLD_SIZE", self.ranks.world)) < self.ranks.world:
+            return f"the same command on every node, with --resume (--out {self.run_dir})"
         nproc = f" --nproc {self.ranks.world}" if self.ranks.world > 1 else ""
         return f"kontrast train --out {self.run_dir} --resume{nproc}"
 

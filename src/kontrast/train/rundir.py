@@ -36,6 +36,22 @@ def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
                         f"(without --resume)")
 
 
+def resolve_resume(run_dir: Path, resume: bool | str, overwrite: bool) -> tuple[bool, bool]:
+    """(resume, overwrite) for a run asked to ``resume`` (True, False or ``"auto"``). ``"auto"``: continue when
+    ``run_dir`` has a complete checkpoint, start otherwise, replacing an attempt that ended before its first
+    checkpoint (it holds no weights), so that one command serves every attempt of a job (a requeued SLURM job).
+    Every process of a launch decides alone, before the process group forms, from the
+    same files (none is written before every rank has joined), so all decide alike."""
+    if resume != "auto":
+        return bool(resume), overwrite
+    if overwrite:
+        raise UserError("--resume auto and --overwrite contradict each other; keep --resume auto to continue the run "
+                        "in --out when it has a checkpoint, or --overwrite to replace it")
+    if latest_checkpoint(run_dir) is not None:
+        return True, False
+    return False, holds_run(run_dir)
+
+
 def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
     """Create the run directory; ``overwrite`` clears an earlier run's files first."""
     if overwrite and not resume:
