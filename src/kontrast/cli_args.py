@@ -82,7 +82,7 @@ def _train_args(sub) -> None:
                    "(streaming: one met mid-epoch is replaced by a sample drawn from seed, epoch and its number)")
     p.add_argument("--resume", nargs="?", const=True, default=False, type=_resume_mode, metavar="auto",
                    help="continue the run in --out from its newest checkpoint; --resume auto: continue when it has "
-                   "one, start it otherwise (one command for every attempt of a requeued job)")
+                   "one, start it otherwise (one command for every attempt: a requeued job, torchrun --max-restarts)")
     p.add_argument("--overwrite", action="store_true", help="replace the run in --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--nproc", type=int, default=1, help="processes on this node (torchrun; docs/distributed.md); "

@@ -1,8 +1,8 @@
-"""A node lost and found (docs/distributed.md, "Faults").
+"""A node lost and found, and a job that restarts itself (docs/distributed.md, "Faults").
 
 Two torchrun agents on this machine stand in for two nodes of one process each (c10d rendezvous on localhost), as
 in the several-node launch the docs give; ``--resume auto`` is the one command every attempt of a job runs (a
-requeued SLURM job). The toy run of test_distributed.py's fault tests: SimCLR,
+requeued SLURM job, torchrun's ``--max-restarts``). The toy run of test_distributed.py's fault tests: SimCLR,
 16 steps of 12 images on 2 processes, a checkpoint after every step, fp32. A resumed run does the same
 arithmetic on the same two processes as the uninterrupted one, so the two must agree bit for bit.
 """
@@ -102,3 +102,25 @@ def test_a_lost_node_ends_the_other_and_both_resume_bit_for_bit(tmp_path):
     _finish(_nodes(whole))
     diff = floors.difference(run, whole)
     assert diff.loss == diff.weights == 0.0  # bit for bit: the same two processes, the same arithmetic
+
+
+def _standalone(out: Path, faults: str = "") -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc-per-node 2 --max-restarts 1 ... --resume auto``: the job restarts itself."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts",
+           "1", "-m", "kontrast.cli", "train", *_args(out, HANG_LIMIT), "--resume", "auto"]
+    return subprocess.run(cmd, capture_output=True, text=True, env=_env(faults), timeout=600)
+
+
+def test_a_rank_killed_once_restarts_and_resume_auto_continues_bit_for_bit(tmp_path):
+    """Rank 1 is SIGKILLed after step 3 in the first attempt only; torchrun (``--max-restarts 1``) restarts both
+    processes with the same command, they form their group again (their own store prefix: train/distributed.py),
+    ``--resume auto`` finds the step-2 checkpoint and continues, and the job ends well, bit for bit where an
+    uninterrupted one (the same command, which starts the run) ends."""
+    run = _standalone(tmp_path / "run", "kill_after_step=3,rank=1,restart=0")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "resuming from step 2 of 16" in run.stdout, run.stdout[-3000:]
+    whole = _standalone(tmp_path / "whole")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    assert "resuming" not in whole.stdout  # no checkpoint: auto started the run
+    diff = floors.difference(tmp_path / "run", tmp_path / "whole")
+    assert diff.loss == diff.weights == 0.0

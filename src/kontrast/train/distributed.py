@@ -45,8 +45,28 @@ def init(device: torch.device, bind: bool = True, timeout: float = 1800.0) -> Pr
     if not dist.is_initialized():
         if bind and device.type == "cpu":
             bind_cores()
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=timeout))
+        backend, wait = "nccl" if device.type == "cuda" else "gloo", timedelta(seconds=timeout)
+        store = restarted_attempt_store(wait)
+        if store is None:
+            dist.init_process_group(backend, timeout=wait)
+        else:
+            dist.init_process_group(backend, timeout=wait, store=store, rank=int(os.environ["RANK"]),
+                                    world_size=int(os.environ["WORLD_SIZE"]))
     return ProcessGroupRanks()
+
+
+def restarted_attempt_store(timeout: timedelta) -> dist.Store | None:
+    """For an attempt that torchrun restarted (``--max-restarts``), its agent's store under a prefix of the attempt's
+    own; None otherwise (the default rendezvous). Without it the restarted processes read the first attempt's keys
+    in the agent's store, which outlives attempts, and dial its dead peers' addresses: gloo's connectFullMesh fails
+    with "Connection refused" (PyTorch 2.14.1, plain ``init_process_group`` in a 2-process ``torchrun --standalone
+    --max-restarts 1``; docs/distributed.md, "Faults")."""
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if attempt == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=timeout)
+    return dist.PrefixStore(f"/kontrast/attempt_{attempt}", agent)
 
 
 def bind_cores() -> set[int] | None:

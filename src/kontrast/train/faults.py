@@ -22,6 +22,8 @@ comma-separated list of ``name=value``:
   The equality tests measure their floor with it (how far the same run drifts from so small a change).
 * ``trace=PATH``: append ``{"step", "epoch", "indices"}`` per step to PATH (JSON lines).
 * ``rank=R``: only the process of rank R (``$RANK`` under torchrun) has the faults; others run normally.
+* ``restart=N``: only attempt N of a torchrun launch (``$TORCHELASTIC_RESTART_COUNT``; 0 the first) has the faults:
+  a rank killed once, whose restart under ``--max-restarts`` then runs normally.
 
 The tests in ``tests/integration/test_reliability*.py`` drive the CLI with these; docs/reliability.md
 lists them.
@@ -78,6 +80,8 @@ class Faults(NoFaults):
         spec = parse()
         if "rank" in spec and spec.pop("rank") != os.environ.get("RANK", "0"):
             return NoFaults()  # the faults are another rank's
+        if "restart" in spec and spec.pop("restart") != os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"):
+            return NoFaults()  # the faults are another attempt's
         return cls(spec) if spec else NoFaults()
 
     def run_start(self, loop) -> None:

@@ -39,8 +39,8 @@ def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
 def resolve_resume(run_dir: Path, resume: bool | str, overwrite: bool) -> tuple[bool, bool]:
     """(resume, overwrite) for a run asked to ``resume`` (True, False or ``"auto"``). ``"auto"``: continue when
     ``run_dir`` has a complete checkpoint, start otherwise, replacing an attempt that ended before its first
-    checkpoint (it holds no weights), so that one command serves every attempt of a job (a requeued SLURM job).
-    Every process of a launch decides alone, before the process group forms, from the
+    checkpoint (it holds no weights), so that one command serves every attempt of a job: a requeued SLURM job,
+    torchrun's ``--max-restarts``. Every process of a launch decides alone, before the process group forms, from the
     same files (none is written before every rank has joined), so all decide alike."""
     if resume != "auto":
         return bool(resume), overwrite
