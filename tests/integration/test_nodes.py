@@ -10,6 +10,7 @@ arithmetic on the same two processes as the uninterrupted one, so the two must a
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -92,7 +93,8 @@ def test_a_lost_node_ends_the_other_and_both_resume_bit_for_bit(tmp_path):
     assert took < 10 + 30, f"the surviving node took {took:.0f} s to end (collective timeout 10 s)"
     lines = [line for line in _ours(stderr) if line.startswith("stopped:")]
     assert len(lines) == 1, stderr[-3000:]
-    assert "another process of the run stopped or stalled during step 4" in lines[0], lines
+    # step 4 when the second node had reached its stall when killed; step 3 on a machine so loaded that it had not
+    assert re.search(r"another process of the run stopped or stalled during step [34] ", lines[0]), lines
     assert f"last good checkpoint: {run}/checkpoints/step-00000002" in lines[0], lines
     assert lines[0].endswith(f"continue with: the same command on every node, with --resume (--out {run})"), lines
     assert latest_checkpoint(run).name == "step-00000002"
