@@ -348,8 +348,8 @@ def main(argv=None) -> None:
                     f.write(json.dumps(row) + "\n")
                 print(json.dumps({k: row[k] for k in ("side", "label", "seed", "process_s")}
                                  | {"knn": [(p["train_s"], p["knn_top1"]) for p in row["points"]]}), flush=True)
-    rows = [json.loads(line) for line in a.out.read_text().splitlines()] if a.out.exists() else []
-    latest = {(r["side"], r["label"], r["seed"]): r for r in rows if r["budget_s"] == a.budget_s}
+    every = [json.loads(line) for line in a.out.read_text().splitlines()] if a.out.exists() else []
+    latest = {(r["side"], r["label"], r["seed"]): r for r in every if r["budget_s"] == a.budget_s}
     rows = list(latest.values())  # a rerun replaces its earlier row here; the file keeps both
     print("\n".join(summary(rows, a.budget_s)))
     if a.targets:
@@ -361,7 +361,6 @@ def main(argv=None) -> None:
             print(f"error: no row is labelled {', '.join(map(repr, unknown))}; the labels are {', '.join(labels)}",
                   file=sys.stderr)
             sys.exit(2)
-        every = [json.loads(line) for line in a.out.read_text().splitlines()] if a.out.exists() else []
         references = [r for r in every if r["label"] in (a.reference_labels or "").split(",")]
         plot([r for r in rows if r["label"] in chosen], a.plot, a.budget_s, references)
         print(f"plot: {a.plot}")

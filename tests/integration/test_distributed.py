@@ -6,7 +6,6 @@ gloo on CPU): tiny encoders, 16-px images, three steps.
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,8 @@ from kontrast.methods import METHODS
 from support import ROOT, floors
 from support.args import HANG_LIMIT
 from support.cli import cli_run
+from support.processes import free_port, process_env
+from support.processes import kontrast_lines as _ours
 from support.sizes import rank_settings
 
 DISTRIBUTED = [name for name in METHODS.names() if METHODS.get(name).needs.processes]
@@ -43,12 +44,6 @@ LAYOUT = "train.channels_last=false"
 # amplifies past these tolerances (SimCLR on 2 ranks against 1: losses 0.27 apart after 16 steps of the fault runs)
 PRECISION = "train.precision=fp32"
 DATA = {"cpc": "sequences:48", "moco_v1": "shapes:96", "moco_v2": "shapes:96"}
-
-
-def _env() -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
-    env.pop("WORLD_SIZE", None)
-    return env
 
 
 def _args(out: Path, name: str, *extra: str, batch: int = 12) -> list[str]:
@@ -84,8 +79,8 @@ def test_collectives_gather_and_global_batch_norm():
     """The gather's gradient is the analytic one (summed over ranks), a non-contiguous input keeps its gradient,
     and BN over the ranks' slices equals BN over the global batch."""
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=3",
-                          str(ROOT / "tests/support/collectives.py")], capture_output=True, text=True, env=_env(),
-                         timeout=300)
+                          str(ROOT / "tests/support/collectives.py")], capture_output=True, text=True,
+                         env=process_env(), timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     reports = [json.loads(line) for line in run.stdout.splitlines() if line.startswith('{"rank"')]
     assert sorted(r["rank"] for r in reports) == [0, 1, 2]  # every rank ran every check below and printed it
@@ -182,13 +177,11 @@ def test_three_processes_equal_one():
 def test_two_nodes_joined_by_torchrun_rendezvous_equal_one_process(tmp_path):
     """The several-node launch of docs/distributed.md (torchrun on every node, c10d rendezvous), with two torchrun
     agents on this machine standing in for two nodes of one process each."""
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     node = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{port}", "--rdzv-id", "kontrast-test",
             "-m", "kontrast.cli", "train", *_args(tmp_path / "two", "simclr")]
-    agents = [subprocess.Popen(node, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env())
+    agents = [subprocess.Popen(node, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=process_env())
               for _ in range(2)]
     errors = [agent.communicate(timeout=300)[1] for agent in agents]
     assert [agent.returncode for agent in agents] == [0, 0], errors[0][-2000:] + errors[1][-2000:]
@@ -215,7 +208,7 @@ print(json.dumps([before, sorted(bound) if bound is not None else None, sorted(o
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux's (os.sched_setaffinity)")
 @pytest.mark.parametrize("world, rank, threads", [(2, 0, 1), (2, 1, 1), (1, 0, 1), (2, 1, 64)])
 def test_bind_cores_gives_each_local_rank_its_own_cores_where_they_fit(world, rank, threads):
-    env = dict(_env(), LOCAL_WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    env = dict(process_env(), LOCAL_WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     run = subprocess.run([sys.executable, "-c", BIND.format(threads=threads)], capture_output=True, text=True, env=env,
                          timeout=60)
     assert run.returncode == 0, run.stderr[-2000:]
@@ -270,7 +263,7 @@ def test_cpc_pools_must_not_span_processes(tmp_path):
 
 
 def _faulty(out: Path, faults: str, *extra: str, flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    env = dict(_env(), KONTRAST_FAULTS=faults)
+    env = dict(process_env(), KONTRAST_FAULTS=faults)
     args = ["--method", "simclr", "--data", "shapes:96", "--epochs", "2", "--batch-size", "12", "--out", str(out),
             "--no-progress", "--nproc", "2", *flags]
     for item in ["data.size=16", "encoder.width=0.0625", "train.log_every=1", "train.num_threads=1",
@@ -278,11 +271,6 @@ def _faulty(out: Path, faults: str, *extra: str, flags: tuple[str, ...] = ()) ->
         args += ["--set", item]
     return subprocess.run([sys.executable, "-m", "kontrast.cli", "train", *args], capture_output=True, text=True,
                           env=env, timeout=300)
-
-
-def _ours(stderr: str) -> list[str]:
-    """kontrast's lines (torchrun's agent logs its own, prefixed with a level letter and a date)."""
-    return [line for line in stderr.splitlines() if line.startswith(("error:", "stopped:", "warning:"))]
 
 
 @pytest.mark.lifecycle

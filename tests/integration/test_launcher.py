@@ -12,6 +12,7 @@ import pytest
 from kontrast.train import launch
 from support import ROOT
 from support.cli import cli_run
+from support.processes import kontrast_lines as _ours
 
 LINUX = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server is the Linux launch")
 
@@ -34,10 +35,6 @@ def _with_site(site: str, tmp_path: Path, args: list[str]) -> subprocess.Complet
     env.pop("WORLD_SIZE", None)
     return subprocess.run([sys.executable, "-m", "kontrast.cli", *args], capture_output=True, text=True, env=env,
                           timeout=600)
-
-
-def _ours(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if line.startswith(("error:", "stopped:", "warning:"))]
 
 
 THREADS_AT_FORK = """

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,8 +20,9 @@ from pathlib import Path
 import pytest
 
 from kontrast.checkpoint import latest_checkpoint
-from support import ROOT, floors
+from support import floors
 from support.args import HANG_LIMIT
+from support.processes import free_port, kontrast_lines, process_env
 
 pytestmark = pytest.mark.lifecycle
 WAIT = "train.collective_timeout=10"  # how long the survivor waits at a collective for a lost peer
@@ -37,26 +37,14 @@ def _args(out: Path, *extra: str) -> list[str]:
     return args
 
 
-def _env(faults: str = "") -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1", KONTRAST_FAULTS=faults)
-    env.pop("WORLD_SIZE", None)
-    return env
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
 def _nodes(out: Path, *flags: str, faults: tuple[str, str] = ("", ""), extra: tuple[str, ...] = (HANG_LIMIT,)):
     """Two torchrun agents of one process each, joined by a c10d rendezvous; each in its own session, so that a
     node can be killed whole (its agent and its process)."""
-    port = _free_port()
+    port = free_port()
     node = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{port}", "--rdzv-id", f"kontrast-{port}",
             "-m", "kontrast.cli", "train", *_args(out, *extra), *flags]
-    return [subprocess.Popen(node, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env(f),
+    return [subprocess.Popen(node, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=process_env(f),
                              start_new_session=True) for f in faults]
 
 
@@ -65,11 +53,6 @@ def _finish(agents, timeout: float = 300) -> list[str]:
     errors = [agent.communicate(timeout=timeout)[1] for agent in agents]
     assert [agent.returncode for agent in agents] == [0, 0], errors[0][-2000:] + errors[1][-2000:]
     return errors
-
-
-def _ours(stderr: str) -> list[str]:
-    """kontrast's lines (torchrun's agent logs its own, prefixed with a level letter and a date)."""
-    return [line for line in stderr.splitlines() if line.startswith(("error:", "stopped:", "warning:"))]
 
 
 def test_a_lost_node_ends_the_other_and_both_resume_bit_for_bit(tmp_path):
@@ -91,7 +74,7 @@ def test_a_lost_node_ends_the_other_and_both_resume_bit_for_bit(tmp_path):
     took = time.monotonic() - killed
     assert first.returncode != 0, stderr[-2000:]
     assert took < 10 + 30, f"the surviving node took {took:.0f} s to end (collective timeout 10 s)"
-    lines = [line for line in _ours(stderr) if line.startswith("stopped:")]
+    lines = [line for line in kontrast_lines(stderr) if line.startswith("stopped:")]
     assert len(lines) == 1, stderr[-3000:]
     # step 4 when the second node had reached its stall when killed; step 3 on a machine so loaded that it had not
     assert re.search(r"another process of the run stopped or stalled during step [34] ", lines[0]), lines
@@ -110,7 +93,7 @@ def _standalone(out: Path, faults: str = "") -> subprocess.CompletedProcess:
     """``torchrun --standalone --nproc-per-node 2 --max-restarts 1 ... --resume auto``: the job restarts itself."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts",
            "1", "-m", "kontrast.cli", "train", *_args(out, HANG_LIMIT), "--resume", "auto"]
-    return subprocess.run(cmd, capture_output=True, text=True, env=_env(faults), timeout=600)
+    return subprocess.run(cmd, capture_output=True, text=True, env=process_env(faults), timeout=600)
 
 
 def test_a_rank_killed_once_restarts_and_resume_auto_continues_bit_for_bit(tmp_path):

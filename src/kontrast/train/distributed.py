@@ -45,13 +45,11 @@ def init(device: torch.device, bind: bool = True, timeout: float = 1800.0) -> Pr
     if not dist.is_initialized():
         if bind and device.type == "cpu":
             bind_cores()
-        backend, wait = "nccl" if device.type == "cuda" else "gloo", timedelta(seconds=timeout)
+        wait = timedelta(seconds=timeout)
         store = restarted_attempt_store(wait)
-        if store is None:
-            dist.init_process_group(backend, timeout=wait)
-        else:
-            dist.init_process_group(backend, timeout=wait, store=store, rank=int(os.environ["RANK"]),
-                                    world_size=int(os.environ["WORLD_SIZE"]))
+        ranks = {} if store is None else {"store": store, "rank": int(os.environ["RANK"]),
+                                          "world_size": int(os.environ["WORLD_SIZE"])}
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=wait, **ranks)
     return ProcessGroupRanks()
 
 
