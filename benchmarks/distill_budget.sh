@@ -9,7 +9,8 @@
 # rule (its 34 epochs for 30 minutes), so the budget cuts every schedule at about the same share.
 #   DATA (default ../shared/data/cifar10-jpeg.tar.gz), WORK (default runs/distill_budget), OUT (default
 #   benchmarks/results/distill_budget.jsonl), PLOT (default docs/figures/distill_budget.png), SEEDS (default
-#   "0 1"), BUDGET_MIN (10), TEACHER_MIN (30), MARK_MIN (2.5; MARK_MIN_VIT 5), EPOCHS_R18_DISTILL,
+#   "0 1"), ARMS (default all four: r18-distill r18-simclr vit-distill vit-simclr; a subset re-runs those alone),
+#   BUDGET_MIN (10), TEACHER_MIN (30), MARK_MIN (2.5; MARK_MIN_VIT 5), EPOCHS_R18_DISTILL,
 #   EPOCHS_R18_SIMCLR, EPOCHS_VIT_DISTILL, EPOCHS_VIT_SIMCLR (the pilots' fits on a 2-core AVX-512 CPU), PYTHON
 #   (default .venv/bin/python). Run it on a quiet machine: about 2.5 hours there (the vit_tiny arms' kNN scoring,
 #   about 2 minutes a snapshot, included).
@@ -19,6 +20,7 @@ DATA=${DATA:-../shared/data/cifar10-jpeg.tar.gz}
 WORK=${WORK:-runs/distill_budget}
 OUT=${OUT:-benchmarks/results/distill_budget.jsonl}
 SEEDS=${SEEDS:-0 1}
+ARMS=${ARMS:-r18-distill r18-simclr vit-distill vit-simclr}
 BUDGET_MIN=${BUDGET_MIN:-10}
 TEACHER_MIN=${TEACHER_MIN:-30}
 MARK_MIN=${MARK_MIN:-2.5}
@@ -54,6 +56,7 @@ for seed in $SEEDS; do
   arms=(r18-distill r18-simclr vit-distill vit-simclr)
   [ $((seed % 2)) = 1 ] && arms=(r18-simclr r18-distill vit-simclr vit-distill)
   for a in "${arms[@]}"; do
+    [[ " $ARMS " == *" $a "* ]] || continue
     case $a in
       r18-distill) arm "$a" "$seed" "${distill[@]}" "${r18[@]}" --set "train.epochs=$EPOCHS_R18_DISTILL" \
                      $(warmup "$EPOCHS_R18_DISTILL") ;;
