@@ -1,5 +1,7 @@
-"""kontrast's losses against lightly 1.6's on the same seeded inputs: MMCR, KoLeo, iBOT's masked-patch loss and
-LeJEPA (SIGReg + invariance), value and gradient, float64.
+"""kontrast's losses against lightly 1.6's on the same seeded inputs: MMCR, KoLeo, iBOT's masked-patch loss, LeJEPA
+(SIGReg + invariance) and MAE's pixel loss (lightly's patchify, normalize_mean_var and an MSE), value and gradient,
+float64; and I-JEPA's block sizes against lightly's IJEPAMaskCollator from the same generator (lightly 1.6 has no
+I-JEPA loss: its example regresses layer-normalised target tokens inline).
 
 Saves the inputs, runs benchmarks/peer/lightly_losses.py in the peer's own environment (benchmarks/setup_peer.sh),
 computes kontrast's losses on the same inputs and prints each pair with the largest relative difference; exits 1
@@ -24,10 +26,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from kontrast.encoders.masking import block_size
 from kontrast.losses.capacity import manifold_capacity
 from kontrast.losses.distillation import masked_patch_loss
 from kontrast.losses.gaussian import lejepa_loss
 from kontrast.losses.koleo import koleo
+from kontrast.losses.reconstruction import masked_pixel_loss
 
 ROOT = Path(__file__).resolve().parents[1]
 TOLERANCE = 1e-6
@@ -54,6 +58,17 @@ def cases(seed: int) -> dict:
         f"lejepa seed {seed}": {"loss": "lejepa", "global": randn(2, 24, 16), "local": randn(4, 24, 16),
                                 "weight": 0.05, "knots": 17, "t_max": 3.0, "directions": 64, "seed": seed,
                                 "differentiable": ["global", "local"]},
+        f"mae seed {seed}": {"loss": "mae", "prediction": randn(4, 12, 48), "images": randn(4, 3, 16, 16),
+                             "masked": torch.rand(4, 16, generator=g).argsort(dim=1)[:, 4:], "patch": 4,
+                             "norm_pix": True, "differentiable": ["prediction", "images"]},
+        f"mae raw pixels seed {seed}": {"loss": "mae", "prediction": randn(2, 48, 12), "images": randn(2, 3, 16, 16),
+                                        "masked": torch.rand(2, 64, generator=g).argsort(dim=1)[:, 16:], "patch": 2,
+                                        "norm_pix": False, "differentiable": ["prediction", "images"]},
+        # the block sizes of I-JEPA's masks: (h, w) per draw, for the paper's targets and context on three grids
+        f"ijepa block sizes seed {seed}": {"loss": "block_sizes", "seed": seed, "grids": [(4, 4), (8, 8), (14, 14)],
+                                           "shapes": [((0.15, 0.2), (0.75, 1.5)), ((0.85, 1.0), (1.0, 1.0)),
+                                                      ((0.2, 0.8), (0.3, 3.0))], "draws": 50,
+                                           "differentiable": []},
     }
 
 
@@ -73,6 +88,12 @@ def ours(case: dict) -> torch.Tensor:
         a = torch.randn(case["global"].shape[-1], case["directions"], generator=g, dtype=torch.float64)
         z = torch.cat([case["global"], case["local"]])  # [V, N, D] global views first
         return lejepa_loss(z, 2, a / a.norm(dim=0), case["weight"], case["t_max"], case["knots"])[0]
+    if kind == "mae":
+        return masked_pixel_loss(case["prediction"], case["images"], case["masked"], case["patch"], case["norm_pix"])
+    if kind == "block_sizes":
+        g = torch.Generator().manual_seed(case["seed"])
+        return torch.tensor([block_size(grid, scale, aspect, g) for grid in case["grids"]
+                             for scale, aspect in case["shapes"] for _ in range(case["draws"])], dtype=torch.float64)
     raise ValueError(kind)
 
 
@@ -92,9 +113,13 @@ def main() -> int:
     for name, case in inputs.items():
         case = {k: v.clone().requires_grad_(k in case["differentiable"]) if torch.is_tensor(v) else v
                 for k, v in case.items()}
-        loss = ours(case)
+        loss, theirs = ours(case), peer[name]
+        if not case["differentiable"]:  # integers (block sizes): every one equal, or the share that differs
+            value = float((loss != theirs["loss"]).double().mean())
+            worst = max(worst, value)
+            print(f"{name:32} {'':14} {'':14} {value:10.1e} {'-':>10}  ({loss.numel()} numbers)")
+            continue
         loss.backward()
-        theirs = peer[name]
         value = abs(float(loss.detach()) - theirs["loss"]) / max(abs(theirs["loss"]), 1e-12)
         grad = max(float((case[k].grad - theirs["grads"][k]).norm() / theirs["grads"][k].norm())
                    for k in case["differentiable"])

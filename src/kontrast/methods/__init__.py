@@ -14,6 +14,7 @@ from kontrast.methods import (  # noqa: F401
     dino,
     distill,
     ibot,
+    ijepa,
     infomin,
     instdisc,
     kernel_infonce,

@@ -4,8 +4,8 @@
 run finds it. Fake tensors carry shapes, dtypes and devices and compute nothing, so two steps of each method take
 less than a second.
 
-What runs on the host in a real run runs on the host here: the draws from the step's CPU generator (iBOT's, MAE's
-masks, LeJEPA's directions) are made outside the fake mode, as real CPU tensors, and the method must
+What runs on the host in a real run runs on the host here: the draws from the step's CPU generator (iBOT's, MAE's,
+I-JEPA's masks, LeJEPA's directions) are made outside the fake mode, as real CPU tensors, and the method must
 move them itself. It found iBOT's masks drawn on the host and used on the device as they were.
 """
 
@@ -17,6 +17,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 import kontrast.methods.ibot
+import kontrast.methods.ijepa
 import kontrast.methods.lejepa
 import kontrast.methods.mae
 from kontrast.methods.base import Progress, Ranks
@@ -25,7 +26,7 @@ from support.args import tiny_encoder
 from support.steps import IMAGE_METHODS, method_and_views
 
 HOST_DRAWS = [(kontrast.methods.ibot.IBOT, "_masks"), (kontrast.methods.lejepa, "unit_directions"),
-              (kontrast.methods.mae.MAE, "_masks")]
+              (kontrast.methods.mae.MAE, "_masks"), (kontrast.methods.ijepa.IJEPA, "_masks")]
 # SwAV with a queue that its first step fills, so that it joins the second step's transport
 SETTINGS = {"swav": {"queue_size": 8, "queue_start_epochs": 0.0}}
 

@@ -12,6 +12,7 @@ from kontrast.methods.base import Ranks
 from kontrast.methods.build import create_method, resolve
 from support.args import TINY_VIT
 from support.reference import naive_mae
+from support.steps import RankOfTwo
 
 DECODER = {"decoder_dim": 32, "decoder_depth": 1, "decoder_heads": 2}
 
@@ -44,21 +45,12 @@ def test_the_step_is_the_papers_masked_pixel_loss(norm_pix):
     assert grads["encoder.conv_proj.weight"].abs().sum() > 0 and grads["decoder.mask_token"].abs().sum() > 0
 
 
-class _Rank(Ranks):
-    """Rank ``rank`` of two, with no process group: the masks need none."""
-
-    world = 2
-
-    def __init__(self, rank: int):
-        self.rank = rank
-
-
 def test_masks_are_drawn_alike_on_every_rank_and_mask_the_ratio():
     method = _method()[1]
     torch.manual_seed(7)
     keep, masked = method._masks(8, 64)  # one process, the global batch of 8
     for rank in (0, 1):
-        method.ranks = _Rank(rank)
+        method.ranks = RankOfTwo(rank)
         torch.manual_seed(7)  # every rank's step seed is the same
         own_keep, own_masked = method._masks(4, 64)  # this rank's 4 images
         assert torch.equal(own_keep, keep[4 * rank:4 * rank + 4]) and torch.equal(own_masked, masked[4 * rank:][:4])
