@@ -44,11 +44,14 @@ def test_the_step_is_the_papers_latent_prediction_loss(loss):
         predictions.append([method.predictor(z, context[b:b + 1], targets[b:b + 1, i], (8, 8))[0]
                             for i in range(targets.shape[1])])  # M x [k, D]
     expected = naive_ijepa(predictions, tokens, targets, loss)
-    assert out["loss"].item() == pytest.approx(expected.item(), rel=1e-12)
+    # float64 rounding alone: both sides sum the same T = b·M·k·D errors (each gradient entry too) in other orders and
+    # batchings; recursive summation of T terms is within T·eps of the largest (tests/support/collectives.py, near)
+    bound = targets.numel() * tokens.shape[-1] * torch.finfo(torch.float64).eps  # 4·4·k·D terms: about 1e-12
+    assert out["loss"].item() == pytest.approx(expected.item(), rel=bound)
     names, params = zip(*[(n, p) for n, p in method.named_parameters() if p.requires_grad])
     ours, theirs = torch.autograd.grad(out["loss"], params), torch.autograd.grad(expected, params)
     for name, a, b in zip(names, ours, theirs):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12, msg=name)
+        assert (a - b).abs().max() <= bound * b.abs().max(), name
     grads = dict(zip(names, ours))
     assert grads["encoder.conv_proj.weight"].abs().sum() > 0 and grads["predictor.mask_token"].abs().sum() > 0
     assert not any(name.startswith("target.") for name in names)  # the target encoder takes no gradient
