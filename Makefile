@@ -34,9 +34,10 @@ test: $(STAMP) lint
 # the tests whose figures depend on rounding (equality of runs, learning, the configuration space) with this machine
 # computing as an older CPU does: PyTorch's AVX2 kernels and oneDNN without AVX-512, so no native bf16 (precision auto
 # takes fp32). CI runs it after `test`. On a CPU whose best kernels are AVX2 that set is the machine's own, which
-# `make test` has just run bit for bit (same kernels, threads and seeds), so the leg says so and stops: it would add
-# 25 minutes there and find nothing. KERNELS picks another set by hand, e.g. KERNELS="ATEN_CPU_CAPABILITY=default"
-# (PyTorch's unvectorised kernels: four equality tests fail there, docs/lab/tolerances.md).
+# `make test` has just run bit for bit (same kernels, threads and seeds), so the leg says so and stops (CI on such a
+# CPU took 85:27 of its 90 minutes with the repeat, a fresh clone's .ci/run 47:49 without). KERNELS picks another set
+# by hand, e.g. KERNELS="ATEN_CPU_CAPABILITY=default" (PyTorch's unvectorised kernels: four equality tests fail there,
+# docs/lab/tolerances.md).
 KERNELS ?= ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
 ROUNDING_TESTS := tests/integration/test_distributed.py tests/integration/test_accumulate.py \
 	tests/integration/test_stream_train.py tests/integration/test_config_space.py tests/learning \
