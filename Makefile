@@ -38,7 +38,8 @@ test: $(STAMP) lint
 # CPU took 85:27 of its 90 minutes with the repeat, a fresh clone's .ci/run 47:49 without). KERNELS picks another set
 # by hand, e.g. KERNELS="ATEN_CPU_CAPABILITY=default" (PyTorch's unvectorised kernels: four equality tests fail there,
 # docs/lab/tolerances.md).
-KERNELS ?= ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+BELOW_AVX512 := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+KERNELS ?= $(BELOW_AVX512)
 ROUNDING_TESTS := tests/integration/test_distributed.py tests/integration/test_accumulate.py \
 	tests/integration/test_stream_train.py tests/integration/test_config_space.py tests/learning \
 	tests/unit/train/test_precision.py tests/unit/train/test_micro_batches.py \
@@ -49,7 +50,6 @@ ROUNDING_TESTS := tests/integration/test_distributed.py tests/integration/test_a
 # capped to AVX2, and that kernel fails an index check ("index out of bounds: 0 <= tmp2 < 10")
 empty :=
 KERNELS_CACHE := $(CURDIR)/runs/inductor-$(subst $(empty) $(empty),_,$(subst =,-,$(KERNELS)))
-BELOW_AVX512 := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
 test-kernels: $(STAMP)
 	@best=$$($(PY) -c "import torch; print(torch.backends.cpu.get_cpu_capability())"); \
 	if [ "$(KERNELS)" = "$(BELOW_AVX512)" ] && [ "$$best" != AVX512 ] && [ "$$best" != AMX ]; then \
