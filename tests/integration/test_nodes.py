@@ -9,9 +9,7 @@ arithmetic on the same two processes as the uninterrupted one, so the two must a
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -22,7 +20,7 @@ import pytest
 from kontrast.checkpoint import latest_checkpoint
 from support import floors
 from support.args import HANG_LIMIT
-from support.processes import free_port, kontrast_lines, process_env
+from support.processes import free_port, kill_whole, kontrast_lines, process_env, running
 
 pytestmark = pytest.mark.lifecycle
 WAIT = "train.collective_timeout=10"  # how long the survivor waits at a collective for a lost peer
@@ -38,8 +36,8 @@ def _args(out: Path, *extra: str) -> list[str]:
 
 
 def _nodes(out: Path, *flags: str, faults: tuple[str, str] = ("", ""), extra: tuple[str, ...] = (HANG_LIMIT,)):
-    """Two torchrun agents of one process each, joined by a c10d rendezvous; each in its own session, so that a
-    node can be killed whole (its agent and its process)."""
+    """Two torchrun agents of one process each, joined by a c10d rendezvous; each in its own session (its worker
+    starts one more: :func:`support.processes.kill_whole` kills a node whole)."""
     port = free_port()
     node = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{port}", "--rdzv-id", f"kontrast-{port}",
@@ -67,9 +65,13 @@ def test_a_lost_node_ends_the_other_and_both_resume_bit_for_bit(tmp_path):
         assert time.monotonic() < deadline and first.poll() is None, "the run never reached its step-2 checkpoint"
         time.sleep(0.2)
     time.sleep(1.0)  # the second node's process reaches its stall (after step 3) within this, the first waits
-    os.killpg(second.pid, signal.SIGKILL)  # the node lost: its agent and its process at once
-    killed = time.monotonic()
+    lost = kill_whole(second.pid)  # the node lost: its agent and its process at once (the process has a session of
+    killed = time.monotonic()  # its own: killing the agent's group alone left it stalled for good, an orphan)
     second.wait(timeout=30)
+    while any(map(running, lost)):  # SIGKILL is delivered, not awaited
+        assert time.monotonic() < killed + 10, [pid for pid in lost if running(pid)]
+        time.sleep(0.1)
+    assert lost
     stderr = first.communicate(timeout=120)[1]
     took = time.monotonic() - killed
     assert first.returncode != 0, stderr[-2000:]
