@@ -38,26 +38,10 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from support.processes import descendants  # noqa: E402
+
 RUNS = {"1x2": (1, 2, 256), "2x1": (2, 1, 256), "1x1-half": (1, 1, 128)}  # processes, threads each, batch
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            out += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            pass
-    return out
-
-
-def _tree(pid: int) -> list[int]:
-    pids, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        pids.append(p)
-        todo += _children(p)
-    return pids
 
 
 def _pss_mib(pid: int) -> float:
@@ -107,7 +91,7 @@ def run(name: str, data: str, steps: int, log_every: int, out: Path, overrides: 
     peak_trainers = peak_tree = dataset = 0.0
     metrics = out / "metrics.jsonl"
     while proc.poll() is None:
-        pids = _tree(proc.pid)
+        pids = [proc.pid, *descendants(proc.pid)]
         pss = {p: _pss_mib(p) for p in pids}
         peak_tree = max(peak_tree, sum(pss.values()))
         trainers = [p for p in pids if _is_trainer(p, proc.pid, nproc)]
