@@ -3,7 +3,8 @@
 # two GPUs are present), (2) one timed SimCLR epoch at the published fast setting (ResNet-18, batch 512, CIFAR-10,
 # bf16; dkobak/simclr-cifar10 reports 11.9 s/epoch on an A100), (3) the distributed path at world size 1 against
 # a plain process (benchmarks/world_size_one.sh, nccl), (4) gradient caching's peak memory at batch 1024
-# (benchmarks/accumulate_memory.py), (5) time to accuracy: the fast recipe (configs/simclr_cifar_fast.yaml) at full
+# (benchmarks/accumulate_memory.py), on two GPUs DDP's gradient exchange and FSDP2's memory per rank
+# (benchmarks/ddp_overlap.py, benchmarks/shard_memory.py), (5) time to accuracy: the fast recipe (configs/simclr_cifar_fast.yaml) at full
 # width, batch 512, for TTA_MIN minutes of training, its kNN every TTA_MARK minutes and the minutes it took to reach
 # 85 % and 90 % (dkobak/simclr-cifar10: 91.4 % after 1000 epochs on an A100; lightly's table: SimCLR 84.7 % after
 # 200 epochs, 97.7 minutes on an A6000). Prints what it measured and the commands.
@@ -56,6 +57,14 @@ PYEOF
 
 echo "== the distributed path at world size 1: torchrun (nccl, one rank) against a plain process (world_size_one.sh)"
 DEVICE=cuda DATA="$CIFAR" OUT="$OUT-ws1" bash benchmarks/world_size_one.sh 2>&1 | tail -n 3
+
+echo "== DDP's buckets against one flat all_reduce (2 ranks, nccl), FSDP2's memory per rank (train.shard)"
+if [ "$gpus" -ge 2 ]; then
+  "$PY" benchmarks/ddp_overlap.py --precision bf16 2>&1 | tail -n 8
+  "$PY" benchmarks/shard_memory.py --worlds 1,2 2>&1 | tail -n 4
+else
+  echo "one GPU: nccl needs a device per rank; the DDP and FSDP2 figures need two"
+fi
 
 echo "== gradient caching: SimCLR ResNet-18 batch 1024, K = 1, 4, 16, torch.cuda.max_memory_allocated (docs/memory.md)"
 "$PY" benchmarks/accumulate_memory.py --device cuda --out "$OUT-accumulate.jsonl" 2>&1 | tail -n 5

@@ -2,13 +2,14 @@
 
 Used by benchmarks/distributed.py in place of ``kontrast``: ``timed_collectives.py train ... --nproc 2``.
 Wraps the collectives the training room calls through ``torch.distributed`` (all_gather_single and
-all_reduce of the BN statistics, the gradient average, the metrics and the stop signal; broadcast;
+all_reduce of the BN statistics, the metrics and the stop signal; broadcast;
 barrier) when this module is imported, in the launcher and in every process of ``--nproc`` (its fork
 server imports the launcher's main module again for them), and when a process closes its process group it
 writes ``{"rank": R, "calls": {name: [count, seconds]}}`` to
 ``$KONTRAST_COLLECTIVES_OUT.R.json``. The time
 includes waiting for the other ranks to arrive. The embedding gathers (PyTorch's functional
-collectives, asynchronous) are not wrapped.
+collectives, asynchronous) are not wrapped, nor are DistributedDataParallel's gradient buckets (its C++ reducer
+calls the process group itself): ``benchmarks/ddp_overlap.py`` measures what those cost a step.
 """
 
 from __future__ import annotations

@@ -71,9 +71,8 @@ def _state_checksum(state: dict) -> str:
     return _sha256(json.dumps(body, sort_keys=True).encode())
 
 
-def _flatten_optimizer(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
-    """Optimizer state -> (tensors named ``state.<param>.<key>``, JSON-able rest)."""
-    sd = opt.state_dict()
+def _flatten_optimizer(sd: dict) -> tuple[dict[str, torch.Tensor], dict]:
+    """An optimizer's state dict -> (tensors named ``state.<param>.<key>``, JSON-able rest)."""
     tensors, scalars = {}, {}
     for pid, entry in sd["state"].items():
         for key, value in entry.items():
@@ -93,6 +92,19 @@ def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
         pid, key = name.split(".", 1)
         state.setdefault(int(pid), {})[key] = value
     return {"state": state, "param_groups": meta["param_groups"]}
+
+
+def _placed(sd: dict, optimizer: torch.optim.Optimizer, place: Place | None) -> dict:
+    """An optimizer state dict of full tensors with each parameter-shaped one placed as its parameter is."""
+    if place is None:
+        return sd
+    params = [p for group in optimizer.param_groups for p in group["params"]]  # the state dict's numbering
+    state = {}
+    for pid, entry in sd["state"].items():
+        p = params[pid] if pid < len(params) else None  # (a mismatch is the optimizer's own error, below)
+        like = {k: p for k, v in entry.items() if p is not None and torch.is_tensor(v) and v.shape == p.shape}
+        state[pid] = {**entry, **place({k: entry[k] for k in like}, like)}
+    return {**sd, "state": state}
 
 
 def checkpoint_dirs(run_dir: Path) -> list[Path]:
@@ -126,21 +138,25 @@ def save_checkpoint(
     keep: int = 2,
     rng: dict[str, torch.Tensor] | None = None,
     halfway: Callable[[], None] | None = None,
+    model_state: dict | None = None,
+    optimizer_state: dict | None = None,
 ) -> Path:
     """Write ``method``'s state_dict, the optimizer, ``rng`` and ``state`` (must hold ``step``) atomically.
 
     ``halfway()`` is called with half the checkpoint written (the training loop's ``checkpoint_writing`` event:
-    the crash tests kill the process there)."""
+    the crash tests kill the process there). ``model_state``, ``optimizer_state``: the state dicts to write in
+    place of ``method.state_dict()`` and ``optimizer.state_dict()`` (a sharded run's, gathered whole)."""
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{state['step']:08d}"
     tmp = root / f"{TMP_PREFIX}{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    files = {MODEL_FILE: _write_file(tmp / MODEL_FILE, _tensor_bytes(method.state_dict()))}
+    model_state = method.state_dict() if model_state is None else model_state
+    files = {MODEL_FILE: _write_file(tmp / MODEL_FILE, _tensor_bytes(model_state))}
     if halfway is not None:
         halfway()  # e.g. a crash with half a checkpoint written
-    opt_tensors, opt_meta = _flatten_optimizer(optimizer)
+    opt_tensors, opt_meta = _flatten_optimizer(optimizer.state_dict() if optimizer_state is None else optimizer_state)
     files[OPTIMIZER_FILE] = _write_file(tmp / OPTIMIZER_FILE, _tensor_bytes(opt_tensors))
     files[RNG_FILE] = _write_file(tmp / RNG_FILE, _tensor_bytes(rng or {}))
     full = {**state, "format": FORMAT, "optimizer": opt_meta, "files": files}
@@ -226,10 +242,15 @@ def _check_fits(file: Path, tensors: dict[str, torch.Tensor], expected: dict[str
             )
 
 
-def load_weights(path: Path, method: nn.Module, method_name: str | None = None) -> dict:
+Place = Callable[[dict, dict], dict]  # (full tensors, the state they go into) -> the tensors as that state holds them
+
+
+def load_weights(path: Path, method: nn.Module, method_name: str | None = None, place: Place | None = None) -> dict:
     """Load ``model.safetensors`` into ``method`` after verifying it; returns the checkpoint's state.
 
-    ``method_name``: the method the caller built; a checkpoint written by another one is refused.
+    ``method_name``: the method the caller built; a checkpoint written by another one is refused. ``place``: how
+    the saved (full) tensors become the method's (a sharded run cuts them into its shards:
+    ``kontrast.train.sharding.place_like``).
     """
     path = Path(path)
     state = read_state(path)
@@ -243,21 +264,23 @@ def load_weights(path: Path, method: nn.Module, method_name: str | None = None) 
     if hasattr(method, "size_from"):  # parts the training data sized (the supervised reference's classifier)
         method.size_from(tensors)
     _check_fits(path / MODEL_FILE, tensors, method.state_dict())
-    method.load_state_dict(tensors)
+    method.load_state_dict(tensors if place is None else place(tensors, method.state_dict()))
     return state
 
 
 def load_checkpoint(
-    path: Path, method: nn.Module, optimizer: torch.optim.Optimizer | None = None, method_name: str | None = None
+    path: Path, method: nn.Module, optimizer: torch.optim.Optimizer | None = None, method_name: str | None = None,
+    place: Place | None = None,
 ) -> dict:
     """Restore the method (and optimizer) from a checkpoint folder; returns its state, with
-    the generator states under ``"rng"`` (a dict of uint8 tensors, possibly empty)."""
+    the generator states under ``"rng"`` (a dict of uint8 tensors, possibly empty). ``place``: as
+    :func:`load_weights`, for the weights and the optimizer's parameter-shaped state."""
     path = Path(path)
-    state = load_weights(path, method, method_name)
+    state = load_weights(path, method, method_name, place)
     if optimizer is not None:
         tensors = _read_tensors(path, OPTIMIZER_FILE, state)
         try:
-            optimizer.load_state_dict(_unflatten_optimizer(tensors, state["optimizer"]))
+            optimizer.load_state_dict(_placed(_unflatten_optimizer(tensors, state["optimizer"]), optimizer, place))
         except (ValueError, KeyError, TypeError) as exc:
             raise UserError(f"optimizer state in {path} does not fit this run ({exc}); "
                             "check optim.name and the method's settings") from None

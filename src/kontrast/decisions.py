@@ -44,6 +44,7 @@ class Needs:
     vit: bool = False  # works on patch tokens: a ViT encoder only (iBOT's masks)
     processes: bool | str = False  # computes on W processes what one does (tests/integration/test_distributed.py)
     sync_bn: bool = True  # train.sync_bn applies (False: it keeps its own BN groups, MoCo's shuffling BN)
+    idle_parameters: bool = False  # some trainable parameters get no gradient on some steps (prototypes frozen early)
     pool: int | str = 1  # samples that form one unit of its loss: each process's share of the batch divides by it
     bn_groups: int | str = 0  # BN groups per view spread over the processes (0: none): they divide by the processes
     encoder_side: int | str = 0  # the side the encoder sees, where it is not the views' (CPC v2's patches); 0: views'
@@ -207,6 +208,7 @@ def check_processes(cfg: Config, needs: Needs, world: int) -> None:
                           "it or train with --nproc 1", {f"method.{declared.processes}": True})
         raise Refusal(f"method {name!r} does not run on several processes yet (docs/distributed.md lists the methods "
                       "that do); train it with --nproc 1", {"nproc": 1})
+    check_shard(cfg, world)
     share = batch // world
     if share % needs.pool:
         key = _key(declared, "pool")
@@ -234,6 +236,23 @@ def check_bn_groups(cfg: Config, needs: Needs, world: int) -> None:
         fix = max(1, batch // 2)
         raise Refusal(f"config key '{key}' ({groups}) needs 2 samples per BN group, so a batch of at least "
                       f"{2 * groups}; got {batch}: lower {key} to {fix} or less, or raise the batch size", {key: fix})
+
+
+def check_shard(cfg: Config, world: int) -> None:
+    """``train.shard`` on several processes: nothing that runs the encoder on one rank alone, nothing unverified."""
+    tc = cfg.train
+    if not tc.shard or world == 1:
+        return
+    if tc.knn_every:
+        raise Refusal("train.shard: the kNN monitor runs the encoder on rank 0 alone, and a sharded encoder needs "
+                      "every rank; set train.knn_every=0 and evaluate the run after (kontrast evaluate)",
+                      {"train.knn_every": 0})
+    if tc.channels_last is True:
+        raise Refusal("train.shard: FSDP2 shards contiguous parameters only, and channels_last makes convolution "
+                      "weights non-contiguous; set train.channels_last=auto", {"train.channels_last": "auto"})
+    if tc.compile:
+        raise Refusal("train.shard with train.compile is not verified yet; set train.compile=false",
+                      {"train.compile": False})
 
 
 def check_micro_batches(cfg: Config, world: int) -> None:

@@ -234,3 +234,33 @@ def test_a_plugin_method_on_two_processes_resumes_without_the_option(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resuming from step 4 of 8" in resumed.stdout
     assert json.loads(resumed.stdout.strip().splitlines()[-1])["steps"] == 8
+
+
+def _idle(declared: bool) -> str:
+    """PLUGIN with a trainable parameter its step never uses, declared to run on several processes, and declared
+    to leave parameters idle or not."""
+    needs = "Needs(processes=True, idle_parameters=True)" if declared else "Needs(processes=True)"
+    return (PLUGIN.replace("from kontrast.config import checked", "from kontrast.config import checked\n"
+                           "from kontrast.decisions import Needs")
+            .replace('    Params = MyParams\n', f'    Params = MyParams\n    needs = {needs}\n')
+            .replace('        self.register_buffer(', '        self.idle = torch.nn.Parameter(torch.zeros(3))\n'
+                     '        self.register_buffer('))
+
+
+@pytest.mark.slow  # new processes, two launches of two (about 30 s)
+def test_a_parameter_left_without_gradient_on_two_processes_is_named_until_declared(tmp_path):
+    """DistributedDataParallel averages the gradients; a trainable parameter no step uses stops it at the second step
+    (PyTorch's own error, many lines). kontrast says it in one line naming the declaration, exit 2; declared, the
+    run trains."""
+    undeclared = _plugin(tmp_path / "a", text=_idle(False))
+    run = _kontrast(_train(tmp_path / "a" / "run", "--plugin", str(undeclared), "--nproc", "2", method="my_simclr"),
+                    cwd=tmp_path)
+    assert run.returncode == 2, run.stderr[-2000:]
+    lines = [line for line in _errors(run.stderr) if line.startswith("error:")]
+    assert lines == ["error: MySimCLR left a trainable parameter without a gradient in a step on several processes; "
+                     "declare `needs = Needs(idle_parameters=True)` on the method's class"], run.stderr[-2000:]
+    declared = _plugin(tmp_path / "b", text=_idle(True))
+    run = _kontrast(_train(tmp_path / "b" / "run", "--plugin", str(declared), "--nproc", "2", method="my_simclr"),
+                    cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1])["steps"] == 4

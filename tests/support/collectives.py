@@ -11,8 +11,9 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel
 
-from kontrast.train.distributed import GlobalBatchNorm, ProcessGroupRanks, average_gradients, global_batch_norm
+from kontrast.train.distributed import GlobalBatchNorm, ProcessGroupRanks, global_batch_norm
 
 PASSED: list[str] = []  # what this rank checked, printed at the end for the test to compare with its list
 
@@ -77,11 +78,14 @@ def main() -> None:
         expected_out = reference(xs)
         (expected_out * upstream).sum().backward()
         mine = images[r * 4:(r + 1) * 4].clone().requires_grad_(True)
-        out = syncd(mine)
-        (out * upstream[r * 4:(r + 1) * 4]).sum().backward()
+        # under DDP, as a step runs it: BN's backward all_reduce between DDP's bucket all_reduces (the wrapper held
+        # till the backward ends: its reducer's hooks go with it)
+        replicas = DistributedDataParallel(syncd, forward_sync_buffers=False)
+        out = replicas(mine)
+        (out * upstream[r * 4:(r + 1) * 4]).sum().backward()  # DDP averages the parameters' gradients over ranks
         terms = w * 4 * math.prod(shape[1:])  # values each channel's statistics and parameter gradients sum
         check(near(out, expected_out[r * 4:(r + 1) * 4], terms), f"{bn.__name__} output")
-        average_gradients(list(syncd.parameters()), w)  # as the step does; the global loss is the sum here, so x w
+        # the global loss is the sum of the ranks' here, so its gradient is w times DDP's average
         check(near(mine.grad, xs.grad[r * 4:(r + 1) * 4], terms), f"{bn.__name__} input gradient")
         check(near(syncd.weight.grad * w, reference.weight.grad, terms)
               and near(syncd.bias.grad * w, reference.bias.grad, terms), f"{bn.__name__} weight, bias gradient")

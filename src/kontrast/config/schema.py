@@ -141,6 +141,8 @@ class TrainConfig:
     channels_last: bool | str = checked("auto", choices=(True, False, "auto"))  # auto: on where bf16 is native and on
                                                                                 # CPUs, unless a layer is unsafe in it
     sync_bn: bool = True  # on several processes: BN statistics over the global batch (docs/distributed.md)
+    shard: bool = False  # several processes: each holds 1/W of the parameters, gradients and optimizer state
+                         # (FSDP2 per ViT block and ResNet stage; docs/distributed.md)
     bind_cores: bool = True  # several CPU processes on one node: each on its own cores, where they fit
                              # (docs/distributed.md)
     collective_timeout: float = checked(1800.0, gt=0)  # several processes: seconds a rank waits for the others in a

@@ -40,7 +40,8 @@ class DINO(SelfDistillation):
     description = "DINO: a student matches a centred, sharpened EMA teacher over multi-crop views (Caron et al. 2021)"
     recipe = "dino_multicrop"
     Params = DINOParams
-    needs = Needs(processes=True)  # local loss per rank; the centre from every rank's teacher outputs
+    # local loss per rank; the centre from every rank's teacher outputs; the prototypes frozen early
+    needs = Needs(processes=True, idle_parameters=True)
     defaults = {"optim": {"name": "lars", "lars_clip": True, "lr": 0.3, "weight_decay": 1e-6, "warmup_epochs": 10.0}}
     vit_recipe = "the authors' main_dino.py for ViT-S"
     vit_defaults = {"optim": {"name": "adamw", "lr": 5e-4, "lr_batch": 256, "warmup_epochs": 10.0, "min_lr": 1e-6,

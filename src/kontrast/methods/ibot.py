@@ -67,7 +67,7 @@ class IBOT(SelfDistillation):
     recipe = "dino_multicrop"
     Params = IBOTParams
     # masks drawn for the global batch; Sinkhorn codes and KoLeo over every rank's tokens
-    needs = Needs(vit=True, processes=True)
+    needs = Needs(vit=True, processes=True, idle_parameters=True)  # the prototypes frozen early
     defaults = {"optim": {"name": "adamw", "lr": 5e-4, "lr_batch": 256, "warmup_epochs": 10.0, "min_lr": 1e-6,
                           "weight_decay": 0.04, "weight_decay_end": 0.4, "clip_grad": 3.0},
                 "encoder": {"name": "vit_small", "drop_path": 0.1}}

@@ -61,7 +61,7 @@ class SwAV(Method):
     Params = SwAVParams
     defaults = {"optim": {"name": "lars", "lars_clip": True, "lr": 0.6, "weight_decay": 1e-6, "warmup_epochs": 10.0}}
     # the transport over every rank's samples (gathered scores), the queue of every rank's
-    needs = Needs(views="views_needed", processes=True)
+    needs = Needs(views="views_needed", processes=True, idle_parameters=True)  # the prototypes frozen early
     retired_state = ("steps",)  # the step counter older versions kept; epochs now come from progress
 
     def __init__(self, encoder, params: SwAVParams, num_samples: int = 0, ranks: Ranks = Ranks()):

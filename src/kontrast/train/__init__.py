@@ -11,7 +11,8 @@
     guards.py       non-finite guard, collapse monitor, signal stop
     rundir.py       the run directory: markers, metric log file, generator states
     optim.py        SGD / LARS / AdamW and the per-step lr schedule
-    distributed.py  process group, gathers with gradient, global BN, gradient averaging
+    distributed.py  process group, gathers with gradient, global BN, gradients averaged by DDP
+    sharding.py     train.shard: parameters, gradients and optimizer state sharded over the ranks (FSDP2)
     launcher.py     kontrast train --nproc N: torchrun's launcher in this process, the fork server, the exit code
     launch.py       what the processes of a launch tell their launcher (input errors, checkpoints on a signal)
 """

@@ -10,14 +10,15 @@ computes with batch B. Each rank takes its slice of the step's global batch; the
 :class:`ProcessGroupRanks` (``method.ranks``) for the few places where samples of other ranks enter
 (in-batch negatives, batch statistics); BatchNorm layers take the global batch's statistics
 (:func:`synchronised_batch_norm`: ``torch.nn.SyncBatchNorm`` on CUDA, :class:`GlobalBatchNorm` on CPU);
-gradients are averaged over ranks after the backward, which with the gathers' summed backward gives the
-gradient of the global loss (the mean over all anchors).
+gradients are averaged over ranks by DistributedDataParallel while the backward runs (:func:`data_parallel`),
+which with the gathers' summed backward gives the gradient of the global loss (the mean over all anchors).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from datetime import timedelta
 
 import torch
@@ -25,6 +26,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as collectives
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
 
 from kontrast.errors import UserError
 from kontrast.methods.base import Ranks
@@ -132,22 +134,48 @@ class ProcessGroupRanks(Ranks):
         return x
 
 
-def average_gradients(params: list[torch.Tensor], world: int) -> None:
-    """Mean of every gradient over ranks, in one all_reduce of a flat buffer (what DDP's buckets compute).
+class TrainingStep(nn.Module):
+    """A method's ``training_step`` as a module's ``forward``: DDP hooks its wrapper's forward, and a step calls several
+    sub-networks (encoder, heads, an EMA target) from the method's own code."""
 
-    Every rank holds gradients for the same parameters (the methods' control flow does not depend on
-    the rank), so the buffers line up.
+    def __init__(self, method: nn.Module):
+        super().__init__()
+        self.method = method
+
+    def forward(self, views, indices, progress):
+        return self.method.training_step(views, indices, progress)
+
+
+IDLE = "Expected to have finished reduction in the prior iteration"  # DDP's error for a parameter left without gradient
+
+
+def data_parallel(method: nn.Module, device: torch.device, idle_parameters: bool = False) -> Callable:
+    """``method.training_step`` under PyTorch's :class:`~torch.nn.parallel.DistributedDataParallel`: every trainable
+    parameter's gradient averaged over ranks in buckets, each bucket's all_reduce started while the backward goes on.
+
+    With the gathers' summed backward that average is the gradient of the global loss (the mean over all anchors).
+    Parameters that need no gradient (EMA targets, a frozen patch projection) and networks outside the method (a
+    distillation teacher) are not DDP's. ``forward_sync_buffers`` off: the ranks' buffers (queues, BN running
+    statistics, memory banks) are kept equal by the methods' own gathers, and MoCo's shuffling BN keeps each rank's
+    running statistics its own, as on the authors' GPUs. ``idle_parameters`` (a method's ``Needs``): some parameters
+    get no gradient on some steps (prototypes frozen early), so DDP looks for them after each forward
+    (``find_unused_parameters``); elsewhere that search is skipped.
     """
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return
-    flat = torch.cat([g.reshape(-1).float() for g in grads])  # [P]
-    dist.all_reduce(flat)
-    flat /= world
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
-        offset += g.numel()
+    replicas = DistributedDataParallel(TrainingStep(method), device_ids=[device] if device.type == "cuda" else None,
+                                       forward_sync_buffers=False, find_unused_parameters=idle_parameters)
+
+    def training_step(views, indices, progress):
+        try:
+            return replicas(views, indices, progress)
+        except RuntimeError as exc:
+            if IDLE in str(exc):
+                raise UserError(f"{type(method).__name__} left a trainable parameter without a gradient in a step on "
+                                "several processes; declare `needs = Needs(idle_parameters=True)` on the method's "
+                                "class") from None
+            raise
+
+    training_step.replicas = replicas  # the DDP module itself (its no_sync, for the benchmarks)
+    return training_step
 
 
 def barrier() -> None:
@@ -286,16 +314,20 @@ def synchronised_batch_norm(module: nn.Module, device: torch.device) -> nn.Modul
 
 
 def global_batch_norm(module: nn.Module) -> nn.Module:
-    """Every BatchNorm of ``module`` replaced (in place, same parameters and buffers) by :class:`GlobalBatchNorm`."""
+    """Every BatchNorm of ``module`` replaced (in place, the same parameter and buffer objects) by
+    :class:`GlobalBatchNorm`."""
     for name, child in module.named_children():
         if isinstance(child, nn.modules.batchnorm._BatchNorm) and not isinstance(child, GlobalBatchNorm):
             if child.momentum is None:
                 raise UserError("train.sync_bn: BatchNorm with momentum=None (cumulative average) is not supported")
             new = GlobalBatchNorm(child.num_features, child.eps, child.momentum, child.affine,
                                   child.track_running_stats)
-            new.load_state_dict(child.state_dict())
+            # the same Parameter and buffer objects, as convert_sync_batchnorm keeps them: an EMA target's BN stays
+            # frozen (requires_grad False) and the optimizer's references hold
+            for key, value in [*child.named_parameters(recurse=False), *child.named_buffers(recurse=False)]:
+                setattr(new, key, value)
             new.train(child.training)
-            setattr(module, name, new.to(next(child.buffers(), torch.empty(0)).device))
+            setattr(module, name, new)
         else:
             global_batch_norm(child)
     return module

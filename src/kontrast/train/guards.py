@@ -31,8 +31,9 @@ def nonfinite(tensors: list[torch.Tensor]) -> torch.Tensor:
     return ~torch.isfinite(torch.stack(norms)).all()
 
 
-def floating_state(method: torch.nn.Module) -> list[torch.Tensor]:
-    return [t for t in method.state_dict().values() if t.is_floating_point()]
+def floating_state(state: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """The floating-point tensors of a state dict (a method's weights and buffers)."""
+    return [t for t in state.values() if t.is_floating_point()]
 
 
 class NonFiniteGuard:

@@ -30,7 +30,7 @@ from kontrast.checkpoint import latest_checkpoint, load_checkpoint, remove_parti
 from kontrast.config import Config
 from kontrast.errors import Interrupted, UserError
 from kontrast.methods.base import Ranks
-from kontrast.train import distributed, launch
+from kontrast.train import distributed, launch, sharding
 from kontrast.train.data_path import TrainData, bad_image_error, check_batch, epoch_batches
 from kontrast.train.events import Events, Listener
 from kontrast.train.faults import Faults
@@ -158,6 +158,11 @@ class Loop:
         return time.perf_counter() - self.started
 
     @property
+    def sharded(self) -> bool:
+        """Are the method's parameters sharded over the ranks (``train.shard`` on several processes)?"""
+        return self.plan.cfg.train.shard and self.ranks.world > 1
+
+    @property
     def lead(self) -> bool:
         return self.ranks.rank == 0
 
@@ -183,7 +188,8 @@ class Loop:
         ckpt = latest_checkpoint(self.run_dir)
         if ckpt is None:
             raise UserError(f"--resume: no complete checkpoint in {self.run_dir}/checkpoints; start a new run instead")
-        state = load_checkpoint(ckpt, self.ctx.method, self.ctx.optimizer, method_name=self.plan.cfg.method.name)
+        state = load_checkpoint(ckpt, self.ctx.method, self.ctx.optimizer, method_name=self.plan.cfg.method.name,
+                                place=sharding.place_like if self.sharded else None)
         per_epoch = self.schedule.steps_per_epoch
         if state.get("steps_per_epoch", per_epoch) != per_epoch:
             raise UserError(f"checkpoint {ckpt} was written with {state['steps_per_epoch']} steps per epoch, this run "
@@ -199,7 +205,11 @@ class Loop:
         """Checkpoint the state after step ``self.step`` (rank 0 writes; the others wait for it)."""
         ctx, step, run_dir = self.ctx, self.step, self.run_dir
         ctx.guard.raise_if_bad(step, run_dir)
-        if bool(nonfinite(floating_state(ctx.method))):
+        whole = {}  # a sharded run's state, gathered whole by every rank for rank 0 to write
+        if self.sharded:
+            whole = {"model_state": sharding.full_tensors(ctx.method.state_dict()),
+                     "optimizer_state": sharding.full_optimizer_state(ctx.optimizer)}
+        if bool(nonfinite(floating_state(whole.get("model_state") or ctx.method.state_dict()))):
             raise UserError(f"weights became non-finite by step {step}; not checkpointed; "
                             f"last good checkpoint: {latest_checkpoint(run_dir) or 'none'}")
         s = self.schedule
@@ -208,7 +218,7 @@ class Loop:
                  "method": self.plan.cfg.method.name, "wall_s": round(self.wall_before + self.segment_wall(), 2),
                  "segments": self.segments, **self.counters, **self.events.state()}
         path = (save_checkpoint(run_dir, ctx.method, ctx.optimizer, state, rng=rng_state(ctx.device),
-                                halfway=lambda: self.events.emit("checkpoint_writing", self, step))
+                                halfway=lambda: self.events.emit("checkpoint_writing", self, step), **whole)
                 if self.lead else None)
         if self.ranks.world > 1:
             distributed.barrier()  # the others go on once rank 0's checkpoint is complete

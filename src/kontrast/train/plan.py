@@ -31,7 +31,7 @@ from kontrast.methods.build import create_method
 from kontrast.plugins import RUN_KEY, plugin_files
 from kontrast.precision import choose_precision
 from kontrast.registry import METHODS
-from kontrast.train import distributed
+from kontrast.train import distributed, sharding
 from kontrast.train.data_path import TrainData, choose_mode, choose_workers, load_train_data
 from kontrast.train.guards import NonFiniteGuard
 from kontrast.train.optim import create_optimizer, lr_schedule, peak_lr, weight_decay_schedule
@@ -129,8 +129,11 @@ def plan_run(cfg: Config, ranks: Ranks = Ranks()) -> RunPlan:
     cfg = absolute_paths(cfg)
     decisions = decide(cfg, ranks.world)  # size, stem, views, encoder; every refusal of the config, before any data
     cfg = decisions.cfg
-    precision, layout, numerics = choose_precision(cfg.train.precision, cfg.train.channels_last, device,
-                                                   encoder_layers(decisions.encoder_args))
+    sharded = cfg.train.shard and ranks.world > 1  # FSDP2 shards contiguous parameters only: NCHW
+    precision, layout, numerics = choose_precision(cfg.train.precision, False if sharded else cfg.train.channels_last,
+                                                   device, encoder_layers(decisions.encoder_args))
+    if sharded:
+        numerics += "; channels_last off: train.shard (FSDP2) shards contiguous parameters only"
     cfg = replace(cfg, train=replace(cfg.train, precision=precision, channels_last=layout))
     cfg, data_why = choose_mode(cfg, device)
     if ranks.world > 1 and cfg.data.mode != "stream" and distributed.max_over_ranks(int(cfg.data.mode == "stream")):
@@ -225,6 +228,7 @@ def build_run(plan: RunPlan, ranks: Ranks = Ranks(), *, resume: bool = False,
     steps_per_epoch = len(batch_indices(n, tc.batch_size, 0, tc.seed))
     schedule = Schedule(n, steps_per_epoch, tc.epochs * steps_per_epoch)
     method = _build_method(plan, ranks, train.data, resume)
+    training_step = _on_ranks(plan, ranks, method)  # before the optimizer: sharding makes the parameters DTensors
     optimizer = create_optimizer(method, cfg.optim, tc.batch_size)
     peak = peak_lr(cfg.optim, tc.batch_size)
     warmup = round(cfg.optim.warmup_epochs * steps_per_epoch)
@@ -234,8 +238,21 @@ def build_run(plan: RunPlan, ranks: Ranks = Ranks(), *, resume: bool = False,
         lrs=lr_schedule(peak, schedule.total_steps, warmup, cfg.optim.min_lr).tolist(), peak_lr=peak,
         wds=weight_decay_schedule(cfg.optim, schedule.total_steps), clip_grad=cfg.optim.clip_grad,
         seed=tc.seed, device=device, guard=NonFiniteGuard(method, device), precision=tc.precision,
-        channels_last=tc.channels_last, nonfinite=tc.nonfinite, ranks=ranks)
+        channels_last=tc.channels_last, nonfinite=tc.nonfinite, ranks=ranks, training_step=training_step)
     return ctx, schedule, train
+
+
+def _on_ranks(plan: RunPlan, ranks: Ranks, method):
+    """The step's forward on several processes: the method sharded (``train.shard``, FSDP2) or replicated (DDP);
+    None on one process."""
+    if ranks.world == 1:
+        return None
+    if plan.cfg.train.shard:
+        step, line = sharding.sharded(method)
+        if plan.rank == 0:
+            print(line, flush=True)
+        return step
+    return distributed.data_parallel(method, plan.torch_device, plan.decisions.needs.idle_parameters)
 
 
 def _view_maker(plan: RunPlan, train: TrainData):

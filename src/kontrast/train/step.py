@@ -9,7 +9,8 @@ step and a resumed run draws the same. Under ``nonfinite="skip"`` a step whose l
 is not finite changes nothing: no optimizer step, buffers restored, no ``after_step``.
 
 On W ranks (``ctx.ranks.world > 1``; docs/distributed.md) every rank gets the same global batch
-``indices`` and takes its slice; gradients are averaged over ranks right after the backward, so the
+``indices`` and takes its slice; the step runs through ``ctx.training_step``, the method's under
+DistributedDataParallel, which has averaged the gradients over ranks when the backward returns, so the
 non-finite check sees the same gradients on every rank and every rank skips or stops together.
 """
 
@@ -23,7 +24,6 @@ import torch
 from kontrast.augment import derive_key
 from kontrast.methods.base import Method, Progress, Ranks
 from kontrast.precision import autocast
-from kontrast.train.distributed import average_gradients
 from kontrast.train.guards import NonFiniteGuard
 from kontrast.train.optim import clip_per_parameter
 
@@ -62,6 +62,8 @@ class StepContext:
     wds: list[float] | None = None
     clip_grad: float = 0.0
     view_sides: list[int] | None = None  # progressive resolution: the views' side at every step (make_views takes it)
+    # on several processes, method.training_step under DistributedDataParallel (train/distributed.py::data_parallel)
+    training_step: Callable | None = None
 
 
 @dataclass
@@ -109,12 +111,10 @@ def train_step(ctx: StepContext, indices: torch.Tensor, epoch_key: torch.Tensor,
     buffers = [b.clone() for b in method.buffers()] if ctx.nonfinite == "skip" else None
     lap("data_augment")
     with autocast(ctx.device, ctx.precision):
-        out = method.training_step(views, idx, progress)
+        out = (ctx.training_step or method.training_step)(views, idx, progress)
     lap("forward_loss")
     ctx.optimizer.zero_grad(set_to_none=True)
-    out["loss"].backward()
-    if ranks.world > 1:
-        average_gradients(ctx.guard.params, ranks.world)  # the global loss's gradient on every rank
+    out["loss"].backward()  # on several processes DDP's buckets average the gradients over ranks meanwhile
     lap("backward")
     bad = ctx.guard.check_step(step + 1, out["loss"])
     skipped = ctx.nonfinite == "skip" and bool(bad)  # the skip policy reads the flag every step

@@ -33,3 +33,15 @@ def test_each_device_gets_its_synchronised_batch_norm_with_the_same_state(device
     assert len(norms) == count and all(type(m) is kind for m in norms)
     assert after.state_dict().keys() == state.keys()
     assert all(torch.equal(after.state_dict()[k], v) for k, v in state.items())
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_the_conversion_keeps_the_parameter_objects_so_a_frozen_target_stays_frozen(device):
+    """An EMA target's BatchNorm (requires_grad False) converted stays out of the gradients: a fresh BN's parameters
+    would require them, and on several processes DDP would wait for gradients that never come."""
+    model = _model()
+    model[0].requires_grad_(False)  # the target's part
+    before = [(name, p) for name, p in model.named_parameters()]
+    after = synchronised_batch_norm(model, torch.device(device))
+    assert [(name, id(p), p.requires_grad) for name, p in after.named_parameters()] == \
+        [(name, id(p), p.requires_grad) for name, p in before]
