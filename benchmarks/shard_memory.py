@@ -119,8 +119,9 @@ def main() -> None:
         print(f"W={world}: parameters {_each(rows, 'parameters_mib')}; gradients {_each(rows, 'gradients_mib')}; "
               f"optimizer {_each(rows, 'optimizer_mib')}; total {max(totals):.1f} ({max(totals) / base:.3f} of W=1; "
               f"1/W = {1 / world:.3f}); {rows[0]['numel']:,} parameters; resident memory of each process "
-              f"after the step (free pages returned) {_each(rows, 'rss_mib')}, at its peak {_each(rows, 'peak_rss_mib')} (the runtime, "
-              "activations, gathered blocks and the whole model built before it was sharded included)")
+              f"after the step (free pages returned) {_each(rows, 'rss_mib')}, at its peak "
+              f"{_each(rows, 'peak_rss_mib')} (the runtime, activations, gathered blocks and the whole model built "
+              "before it was sharded included)")
     print(f"command: .venv/bin/python benchmarks/shard_memory.py --method {args.method} --encoder {args.encoder} "
           f"--worlds {args.worlds}")
 

@@ -174,7 +174,6 @@ def data_parallel(method: nn.Module, device: torch.device, idle_parameters: bool
                                 "class") from None
             raise
 
-    training_step.replicas = replicas  # the DDP module itself (its no_sync, for the benchmarks)
     return training_step
 
 

@@ -76,4 +76,3 @@ def place_like(tensors: dict[str, torch.Tensor], current: dict) -> dict[str, tor
     return {k: distribute_tensor(v.to(c.device), c.device_mesh, c.placements) if isinstance(c := current.get(k),
                                                                                              DTensor) else v
             for k, v in tensors.items()}
-

@@ -10,8 +10,9 @@ is not finite changes nothing: no optimizer step, buffers restored, no ``after_s
 
 On W ranks (``ctx.ranks.world > 1``; docs/distributed.md) every rank gets the same global batch
 ``indices`` and takes its slice; the step runs through ``ctx.training_step``, the method's under
-DistributedDataParallel, which has averaged the gradients over ranks when the backward returns, so the
-non-finite check sees the same gradients on every rank and every rank skips or stops together.
+DistributedDataParallel (or FSDP2 with ``train.shard``), which has averaged the gradients over ranks when the
+backward returns, so the non-finite check sees the same gradients on every rank (a sharded run's: the DTensor norms
+reduced over ranks) and every rank skips or stops together.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class StepContext:
     clip_grad: float = 0.0
     view_sides: list[int] | None = None  # progressive resolution: the views' side at every step (make_views takes it)
     # on several processes, method.training_step under DistributedDataParallel (train/distributed.py::data_parallel)
+    # or with the parameters sharded (train.shard: train/sharding.py::sharded); None: the method's own
     training_step: Callable | None = None
 
 
