@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from kontrast.data import write_shapes_files
-from support.args import train_command
+from support import floors
+from support.args import HANG_LIMIT, train_command
 from support.cli import in_process
 from support.http_files import serve_folder
+from support.processes import free_port, process_env
 
 N, BATCH, EPOCHS = 48, 16, 2
 STEPS = EPOCHS * N // BATCH
@@ -62,3 +66,33 @@ def test_a_run_on_http_shards_trains_as_on_disk_and_resumes_bit_for_bit(shards, 
     a, b = final_state(run), final_state(reference)
     assert len(losses(reference)) == STEPS and losses(run) == losses(reference)  # every step's loss, bit for bit
     assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+@pytest.mark.slow  # two torchrun agents, one process and its nudged twin (about 40 s)
+def test_two_nodes_reading_a_bucket_of_shards_equal_one_process(shards, tmp_path):
+    """The several-node command of docs/distributed.md ("Several nodes, one bucket"): torchrun on each of two "nodes"
+    (two agents here, c10d rendezvous on localhost, one process each) with ``--data`` the shards' URL; within the floor
+    of tests/support/floors.py of one process on the same URL (fp32, 3 steps: one epoch of the 48 images)."""
+    with serve_folder(shards) as server:
+        url = f"{server.url}/{PATTERN}"
+
+        def args(out, *extra):
+            return train_command(out, *extra, data=url, epochs=1, batch=BATCH, settings=[
+                "train.log_every=1", "data.mode=stream", "data.size=16", "train.precision=fp32",
+                "train.channels_last=false", HANG_LIMIT])
+
+        port = free_port()
+        node = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{port}", "--rdzv-id", "kontrast-bucket",
+                "-m", "kontrast.cli", *args(tmp_path / "two")]
+        env = dict(process_env(), KONTRAST_CACHE=str(tmp_path / "cache"))
+        agents = [subprocess.Popen(node, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+                  for _ in range(2)]
+        errors = [agent.communicate(timeout=300)[1] for agent in agents]
+        assert [agent.returncode for agent in agents] == [0, 0], errors[0][-2000:] + errors[1][-2000:]
+        for out, faults in (("one", ""), ("nudged", floors.NUDGE)):
+            run = subprocess.run([sys.executable, "-m", "kontrast.cli", *args(tmp_path / out)], capture_output=True,
+                                 text=True, timeout=300, env=dict(env, KONTRAST_FAULTS=faults))
+            assert run.returncode == 0, run.stderr[-2000:]
+    assert len(losses(tmp_path / "two")) == N // BATCH
+    floors.assert_runs_agree(tmp_path / "one", tmp_path / "two", tmp_path / "nudged", "2 nodes vs 1 on a bucket")
