@@ -67,7 +67,8 @@ OPTIM_FLAGS = {"name": "optim", "lr": "lr", "lr_batch": "lr-batch", "momentum": 
 # train / data / eval fields that do not change what is trained or how it is scored
 NO_EFFECT = {"train": {"log_every", "knn_every", "knn_max_train", "knn_max_test", "checkpoint_every", "nonfinite",
                        "max_skips", "collapse_std", "collapse_window", "collapse_share", "num_threads",
-                       "sync_bn", "shard", "bind_cores", "collective_timeout"},  # several processes only; parity runs one
+                       # several processes only; parity runs one
+                       "sync_bn", "shard", "bind_cores", "collective_timeout"},
              # mode / workers / memory_budget: the CIFAR archive is always read into memory (never streamed)
              "data": {"source", "skip_bad_images", "cache_dir", "mode", "workers", "memory_budget"},
              "eval": {"linear_epochs", "linear_weight_decay", "batch_size"}}
