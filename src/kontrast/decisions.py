@@ -102,6 +102,7 @@ def decide(cfg: Config, world: int = 1) -> Decisions:
     needs = needs_of(cfg)
     check_processes(cfg, needs, world)
     check_micro_batches(cfg, world)
+    check_shard(cfg, world)
     check_bn_groups(cfg, needs, world)
     check_augment(cfg, needs)
     check_source_kind(cfg, cfg.data.source, holds_sequences(str(cfg.data.source)))
@@ -208,7 +209,6 @@ def check_processes(cfg: Config, needs: Needs, world: int) -> None:
                           "it or train with --nproc 1", {f"method.{declared.processes}": True})
         raise Refusal(f"method {name!r} does not run on several processes yet (docs/distributed.md lists the methods "
                       "that do); train it with --nproc 1", {"nproc": 1})
-    check_shard(cfg, world)
     share = batch // world
     if share % needs.pool:
         key = _key(declared, "pool")
