@@ -16,7 +16,9 @@ from pathlib import Path
 
 
 def rows(label: str, path: Path) -> list[dict]:
-    return [{"kernels": label, **json.loads(line)} for line in path.read_text().splitlines() if line.strip()]
+    """A log's comparisons, the last record of each (a test run again appends its new figures)."""
+    records = [{"kernels": label, **json.loads(line)} for line in path.read_text().splitlines() if line.strip()]
+    return list({r["what"]: r for r in records}.values())
 
 
 def table(records: list[dict]) -> str:

@@ -75,8 +75,9 @@ def _train_args(sub) -> None:
     p.add_argument("--out", required=True, help="run directory (checkpoints, metrics, config)")
     p.add_argument("--config", help="YAML recipe (see configs/)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. optim.lr=0.1")
-    p.add_argument("--precision", choices=["auto", "fp32", "bf16"],
-                   help="bf16 autocast or fp32 (default: auto, bf16 only where the device computes it natively)")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp64"],
+                   help="bf16 autocast or fp32 (default: auto, bf16 only where the device computes it natively); "
+                   "fp64 for checking numerics (slower)")
     p.add_argument("--device", help="auto, cpu, cuda, cuda:N or mps (default: auto, a GPU when there is one)")
     p.add_argument("--skip-bad-images", action="store_true", help="skip unreadable images instead of refusing "
                    "(streaming: one met mid-epoch is replaced by a sample drawn from seed, epoch and its number)")

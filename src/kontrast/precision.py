@@ -4,6 +4,10 @@
 matmuls and convolutions in bf16, reductions and losses as autocast's op lists decide) or ``auto``
 (the default): bf16 only where the device computes it natively -- a CUDA GPU with bf16, a CPU with
 AMX or AVX512-BF16 -- and fp32 elsewhere, because on a CPU without them bf16 autocast is slower than fp32.
+``fp64`` trains the method's parameters, buffers and views in float64 (1.8x fp32's time for ResNet-18 at width 1/8
+on 16 px, 4.5x on 32 px; docs/lab/tolerances.md): for checking, not for training. Two runs that must agree
+(processes against one, micro-batches, a resumed run) agree there to float64 rounding, which no CPU's kernels
+carry across a ReLU's kink, where float32 rounding on one kernel set does.
 ``train.channels_last: auto`` is on for every CPU (oneDNN's convolutions run in NHWC, measured faster in fp32 too)
 and, elsewhere, where bf16 is native (faster together with bf16 there) -- except for an encoder with a layer
 that oneDNN's NHWC backward corrupts (:func:`channels_last_hazard`): there ``auto`` stays in NCHW and ``true``
@@ -24,7 +28,7 @@ from torch import nn
 
 from kontrast.errors import UserError
 
-PRECISIONS = ("auto", "fp32", "bf16")
+PRECISIONS = ("auto", "fp32", "bf16", "fp64")
 CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags of native bf16 arithmetic
 # oneDNN instruction sets below native bf16: ONEDNN_MAX_CPU_ISA set to one of these keeps oneDNN off bf16 instructions
 # (https://uxlfoundation.github.io/oneDNN/dev_guide_cpu_dispatcher_control.html), as on a CPU without them
@@ -105,6 +109,11 @@ def choose_precision(precision: str, channels_last, device: torch.device | str,
     native, why = native_bf16(device)
     chosen = ("bf16" if native else "fp32") if precision == "auto" else precision
     layout = (native or device.type == "cpu") if channels_last == "auto" else bool(channels_last)
+    if chosen == "fp64" and device.type == "mps":
+        raise UserError("train.precision=fp64: an MPS device has no float64; use fp32, or train.device=cpu to check "
+                        "numerics in float64")
+    if chosen == "fp64" and channels_last == "auto":  # oneDNN has no float64 convolutions: NHWC buys nothing
+        layout, why = False, f"{why}; fp64: parameters and views in float64, channels_last off (no oneDNN float64)"
     hazard = channels_last_hazard(encoder) if layout and device.type == "cpu" else None
     if hazard and channels_last != "auto":
         raise UserError(f"train.channels_last=true: {hazard}; set train.channels_last=auto (NCHW here) or use a "
@@ -123,6 +132,11 @@ def check_precision(precision: str) -> None:
     """One-line error for a precision kontrast does not have."""
     if precision not in PRECISIONS:
         raise UserError(f"unknown precision {precision!r}; choose one of: {', '.join(PRECISIONS)}")
+
+
+def parameter_dtype(precision: str) -> torch.dtype:
+    """The dtype of a run's parameters, buffers and views under ``precision`` (float32 but for fp64)."""
+    return torch.float64 if precision == "fp64" else torch.float32
 
 
 def autocast(device: torch.device | str, precision: str) -> torch.autocast:

@@ -35,8 +35,8 @@ def cosine(anchors: torch.Tensor, candidates: torch.Tensor, temperature: float =
     bf16, 1e-7 in fp32; tests/integration/test_reliability_guards.py).
     """
     with float32(anchors):
-        a = F.normalize(anchors.float(), dim=1)  # [N, D]
-        c = F.normalize(candidates.float(), dim=1)  # [M, D]
+        a = F.normalize(at_least_float32(anchors), dim=1)  # [N, D]
+        c = F.normalize(at_least_float32(candidates), dim=1)  # [M, D]
         return a @ c.T / temperature  # [N, M]
 
 
@@ -67,7 +67,7 @@ class CosineScores:
 
 def paired_cosine(a: torch.Tensor, b: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """Row-wise cosine of matching rows: ``[N, D], [N, D] -> [N]``."""
-    return F.cosine_similarity(a.float(), b.float(), dim=1) / temperature  # [N]
+    return F.cosine_similarity(at_least_float32(a), at_least_float32(b), dim=1) / temperature  # [N]
 
 
 def moco_scores(q: torch.Tensor, k: torch.Tensor, queue: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -94,7 +94,7 @@ def bilinear(context: torch.Tensor, candidates: torch.Tensor, weight: torch.Tens
 
 def scaled_dot(anchors: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
     """AMDIM's raw score ``a.b / sqrt(D)`` (Bachman et al. 2019, https://arxiv.org/abs/1906.00910), fp32: [N, M]."""
-    return anchors.float() @ candidates.float().T / anchors.shape[1] ** 0.5  # [N, M]
+    return at_least_float32(anchors) @ at_least_float32(candidates).T / anchors.shape[1] ** 0.5  # [N, M]
 
 
 def soft_clip(scores: torch.Tensor, clip: float) -> torch.Tensor:

@@ -11,12 +11,12 @@ from support.args import train_command
 from support.cli import cli_run
 from support.sizes import small_heads
 
-VIT = ["encoder.name=vit_tiny", "data.size=32", "encoder.drop_path=0", *small_heads("dino"), "train.precision=fp32",
+VIT = ["encoder.name=vit_tiny", "data.size=32", "encoder.drop_path=0", *small_heads("dino"), floors.PRECISION,
        "train.log_every=1"]
 
 
 def test_a_vit_in_micro_batches_trains_as_on_the_plain_batch(tmp_path):
-    """DINO on a ViT (no BatchNorm anywhere): 2 steps of 16 in 4 micro-batches = the plain steps (fp32; within the
+    """DINO on a ViT (no BatchNorm anywhere): 2 steps of 16 in 4 micro-batches = the plain steps (float64; within the
     floor of tests/support/floors.py). Stochastic depth is off: each micro-batch draws its own masks, as each process
     does (docs/memory.md)."""
     for name, k, faults in (("k1", 1, ""), ("k4", 4, ""), ("nudged", 1, floors.NUDGE)):

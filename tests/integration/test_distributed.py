@@ -29,27 +29,26 @@ DISTRIBUTED = [name for name in METHODS.names() if METHODS.get(name).needs.proce
 # Shuffling BN needs groups of 6 samples here: in groups of 3 (16-px images: 2 x 2 maps in the last stage, so 12
 # values per channel) BN amplifies rounding.
 BATCH = {"moco_v1": 24, "moco_v2": 24}
-# Steps per run: 3, so that queues, EMA targets and memory banks carry one step's state into the next twice. Two where
-# the third step already turns rounding into divergence (a one-ulp nudge grows past a ten-thousandth of the weights:
-# docs/lab/tolerances.md): BYOL (its weight decay under clipped LARS), InstDisc (its memory bank), DCL and DCLW (at 1
-# step their one update sits at the schedule's peak, where a nudge moved a weight by 2.7e-4 and 3.7e-4; at 2, 5e-5
-# and 9e-5), whose second step still reads what the first one left.
-STEPS = {"dcl": 2, "dclw": 2, "byol": 2, "instdisc": 2}
+# Steps per run: 3, so that queues, EMA targets and memory banks carry one step's state into the next twice. (In
+# float32, BYOL, InstDisc, DCL and DCLW took 2: a one-ulp nudge grew past a ten-thousandth of the weights by the third
+# step. In float64 it grows from 1e-16 and stays far below: docs/lab/tolerances.md.)
+STEPS = 3
 # NCHW: channels_last (`train.channels_last=true`) lets oneDNN pick its convolution algorithm by batch size, and this
 # toy scale amplifies the rounding: SimCLR v2 after 3 steps, 1 process at 1 thread against 2 threads, differs by
 # 2.7e-4 in weights in channels_last and by 1e-7 in NCHW; SimCLR on 3 ranks against 1, 3.7e-5 and 1e-7. The
 # distributed code does not depend on the layout.
 LAYOUT = "train.channels_last=false"
-# fp32: on a CPU with native bf16 (AMX, AVX512-BF16) `train.precision=auto` picks bf16, whose rounding training
-# amplifies past these tolerances (SimCLR on 2 ranks against 1: losses 0.27 apart after 16 steps of the fault runs)
-PRECISION = "train.precision=fp32"
+# fp64 (tests/support/floors.py): in float32 one kernel set's rounding carried an activation across a kink in four
+# comparisons; auto would pick bf16 on a CPU with native bf16 (AMX, AVX512-BF16), whose rounding training amplifies
+# past any floor (SimCLR on 2 ranks against 1: losses 0.27 apart after 16 steps of the fault runs)
+PRECISION = floors.PRECISION
 DATA = {"cpc": "sequences:48", "moco_v1": "shapes:96", "moco_v2": "shapes:96"}
 
 
 def _args(out: Path, name: str, *extra: str, batch: int = 12) -> list[str]:
     args = ["--method", name, "--data", DATA.get(name, "shapes:48"), "--epochs", "1", "--batch-size", str(batch),
             "--out", str(out), "--no-progress"]
-    for item in ["data.size=16", f"data.limit={STEPS.get(name, 3) * batch}", "encoder.width=0.0625",
+    for item in ["data.size=16", f"data.limit={STEPS * batch}", "encoder.width=0.0625",
                  "train.log_every=1", "train.num_threads=1", LAYOUT, PRECISION, HANG_LIMIT, *rank_settings(name),
                  *extra]:
         args += ["--set", item]
@@ -91,15 +90,15 @@ def test_collectives_gather_and_global_batch_norm():
 
 @pytest.mark.parametrize("name", DISTRIBUTED)
 def test_two_processes_equal_one_on_the_global_batch(name, tmp_path):
-    """3 steps on 2 ranks with global batch 12 = 3 steps on one process with batch 12 (fp32; losses and weights within
-    the floor of tests/support/floors.py)."""
+    """3 steps on 2 ranks with global batch 12 = 3 steps on one process with batch 12 (float64; losses and weights
+    within the floor of tests/support/floors.py)."""
     batch = BATCH.get(name, 12)
     runs = {"one": _train(tmp_path / "one", name, 1, batch=batch),
             "two": _train(tmp_path / "two", name, 2, batch=batch),
             "nudged": _nudged(tmp_path / "nudged", name, batch=batch)}
     for key, run in runs.items():
         assert run.returncode == 0, (key, _why(run.stderr))
-    assert len(floors.losses(tmp_path / "two")) == STEPS.get(name, 3)
+    assert len(floors.losses(tmp_path / "two")) == STEPS
     # Under shuffling BN (MoCo v1/v2, InfoMin) each rank's BN running statistics follow its own groups, as each
     # GPU's do in MoCo's code; one process runs every group through the same layers. They never enter training
     # (batch statistics there); the checkpoint holds rank 0's.
@@ -113,17 +112,10 @@ def test_two_processes_equal_one_on_the_global_batch(name, tmp_path):
 # holds rank 0's), while micro-batches update the one set in turn (tests/unit/train/test_micro_batches.py checks them).
 # The 4-way runs (global batch 24) with InfoMin's 4 BN groups per view (one per process or micro-batch: groups of 6).
 MICRO = {"infomin": ["method.bn_groups=4"]}
-# The micro-batch runs take 2 steps: BN over micro-batches of 6 (24 values per channel at 16 px), not synchronised,
-# makes their third step divergent (a nudge grew to 1.5e-4 to 7.7e-4 in weights for InfoMin, MoCo v3, NNCLR, SimCLR v2
-# and DCLW), and one step of 24 already fills the 24-key queues, so the second step reads the state the first one
-# left. One for the methods that carry no state from step to step and whose second step diverged as well (SimCLR v2
-# 2.6e-4, DCL 3.4e-4, kernel InfoNCE 3.1e-4).
-# The supervised reference's second step too (a nudge grew to 4.8e-4: SGD at lr 0.1 on micro-batches of 6).
-MICRO_STEPS = {"simclr_v2": 1, "dcl": 1, "dclw": 1, "kernel_infonce": 1, "supervised": 1}
-
-
-def _micro_steps(name: str) -> int:
-    return MICRO_STEPS.get(name, 2)
+# The micro-batch runs take 2 steps: one step of 24 already fills the 24-key queues, so the second step reads the state
+# the first one left. (In float32 BN over unsynchronised micro-batches of 6 made the third step divergent, and five
+# methods' second; float64 keeps every floor at rounding: docs/lab/tolerances.md.)
+MICRO_STEPS = 2
 
 
 def _micro(out: Path, name: str, nproc: int, *extra: str, batch: int = 12,
@@ -132,7 +124,7 @@ def _micro(out: Path, name: str, nproc: int, *extra: str, batch: int = 12,
     ``nudge``: one process, weights nudged (the floor's run)."""
     if batch == 24:
         extra = (*extra, *MICRO.get(name, []), f"data.source={'sequences' if name == 'cpc' else 'shapes'}:96")
-    extra = (*extra, f"data.limit={_micro_steps(name) * batch}")
+    extra = (*extra, f"data.limit={MICRO_STEPS * batch}")
     if nudge:
         return _nudged(out, name, "train.sync_bn=false", *extra, batch=batch)
     return _train(out, name, nproc, "train.sync_bn=false", *extra, batch=batch)
@@ -141,13 +133,13 @@ def _micro(out: Path, name: str, nproc: int, *extra: str, batch: int = 12,
 @pytest.mark.parametrize("name", DISTRIBUTED)
 def test_micro_batches_equal_processes_without_synchronised_bn(name, tmp_path):
     """``--accumulate 2`` on one process = ``--nproc 2`` with ``train.sync_bn=false``, and ``--nproc 2 --accumulate 2``
-    = ``--nproc 4``, on the same global batches (fp32: losses and every weight, target and queue within the floor of
+    = ``--nproc 4``, on the same global batches (float64: losses and every weight, target and queue within the floor of
     tests/support/floors.py; each pair's floor from a one-process run of its micro-batches and its nudged twin)."""
     batch = BATCH.get(name, 12)
     runs = {"acc": _micro(tmp_path / "acc", name, 1, "train.accumulate=2", batch=batch),
             "two": _micro(tmp_path / "two", name, 2, batch=batch),
             "acc_nudged": _micro(tmp_path / "acc_nudged", name, 1, "train.accumulate=2", batch=batch, nudge=True),
-            # 3 steps of 24: 6 samples per process or micro-batch
+            # steps of 24: 6 samples per process or micro-batch
             "two_acc": _micro(tmp_path / "two_acc", name, 2, "train.accumulate=2", batch=24),
             "four": _micro(tmp_path / "four", name, 4, batch=24),
             "acc4": _micro(tmp_path / "acc4", name, 1, "train.accumulate=4", batch=24),
@@ -157,7 +149,7 @@ def test_micro_batches_equal_processes_without_synchronised_bn(name, tmp_path):
     assert f"gradient caching: the batch of {batch} in 2 micro-batches of {batch // 2}" in runs["acc"].stdout
     floor = {k: floors.difference(tmp_path / k, tmp_path / f"{k}_nudged", bn_statistics=False) for k in ("acc", "acc4")}
     for a, b, base in (("acc", "two", "acc"), ("two_acc", "four", "acc4"), ("acc4", "four", "acc4")):
-        assert len(floors.losses(tmp_path / a)) == _micro_steps(name)
+        assert len(floors.losses(tmp_path / a)) == MICRO_STEPS
         diff = floors.difference(tmp_path / a, tmp_path / b, bn_statistics=False)
         floors.assert_agree(diff, floor[base], f"{name}: {a} vs {b}")
 

@@ -72,13 +72,13 @@ def test_a_run_on_http_shards_trains_as_on_disk_and_resumes_bit_for_bit(shards, 
 def test_two_nodes_reading_a_bucket_of_shards_equal_one_process(shards, tmp_path):
     """The several-node command of docs/distributed.md ("Several nodes, one bucket"): torchrun on each of two "nodes"
     (two agents here, c10d rendezvous on localhost, one process each) with ``--data`` the shards' URL; within the floor
-    of tests/support/floors.py of one process on the same URL (fp32, 3 steps: one epoch of the 48 images)."""
+    of tests/support/floors.py of one process on the same URL (float64, 3 steps: one epoch of the 48 images)."""
     with serve_folder(shards) as server:
         url = f"{server.url}/{PATTERN}"
 
         def args(out, *extra):
             return train_command(out, *extra, data=url, epochs=1, batch=BATCH, settings=[
-                "train.log_every=1", "data.mode=stream", "data.size=16", "train.precision=fp32",
+                "train.log_every=1", "data.mode=stream", "data.size=16", floors.PRECISION,
                 "train.channels_last=false", HANG_LIMIT])
 
         port = free_port()

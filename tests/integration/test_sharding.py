@@ -2,7 +2,7 @@
 checkpoints resume at another world size.
 
 Launched as a user launches a run, ``kontrast train --nproc 2 --set train.shard=true`` (gloo on CPU): tiny encoders,
-16-px images, three steps, fp32, one thread per process. Each comparison is within the floor measured beside it
+16-px images, three steps, float64, one thread per process. Each comparison is within the floor measured beside it
 (tests/support/floors.py): the unsharded one-process run with its weights nudged one ulp.
 """
 
@@ -27,7 +27,7 @@ def _args(out: Path, name: str, *extra: str, epochs: int = 1) -> list[str]:
     args = ["train", "--method", name, "--data", "shapes:36", "--epochs", str(epochs), "--batch-size", "12",
             "--out", str(out), "--no-progress"]
     for item in ["data.size=16", "encoder.width=0.0625", "train.log_every=1", "train.num_threads=1",
-                 "train.channels_last=false", "train.precision=fp32", HANG_LIMIT, *rank_settings(name), *CASES[name],
+                 "train.channels_last=false", floors.PRECISION, HANG_LIMIT, *rank_settings(name), *CASES[name],
                  *extra]:
         args += ["--set", item]
     return args

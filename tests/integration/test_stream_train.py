@@ -201,14 +201,14 @@ def test_a_bad_file_on_one_of_two_processes_stops_both_after_a_checkpoint(tmp_pa
 @pytest.mark.slow  # new processes (about 10 s)
 def test_two_processes_read_only_their_own_samples_and_equal_one(folder, tmp_path):
     """--nproc 2 on the streaming path: each rank decodes only its half of every global batch (traced), and the
-    run equals one process on the global batch (fp32 rounding)."""
+    run equals one process on the global batch (float64; within the floor of tests/support/floors.py)."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     env.pop("WORLD_SIZE", None)
     runs = {}
     for name, nproc, faults in (("p1", 1, ""), ("p2", 2, ""), ("nudged", 1, floors.NUDGE)):
         out, trace = tmp_path / name, tmp_path / f"{name}.trace"
-        args = [*train_args(folder, out, "--set", "data.workers=0", "--set", "train.precision=fp32", "--epochs", "1"),
-                "--nproc", str(nproc)]  # fp32: auto picks bf16 on a CPU with AMX, where ranks round apart
+        args = [*train_args(folder, out, "--set", "data.workers=0", "--set", floors.PRECISION, "--epochs", "1"),
+                "--nproc", str(nproc)]  # float64, as every pair compared with a floor (support/floors.py)
         done = subprocess.run([sys.executable, "-m", "kontrast.cli", *args], capture_output=True, text=True,
                               env={**env, "KONTRAST_FAULTS": ",".join(filter(None, [f"trace={trace}", faults]))},
                               timeout=300)

@@ -51,7 +51,9 @@ SIZES: dict[str, Sizes] = {
     # on 2 ranks: 4 BN groups per view, 2 on each rank, shuffled across ranks for the keys; global batch 24
     # (test_distributed.py's BATCH)
     "moco_v1": Sizes(ranks=("method.bn_groups=4", "method.queue_size=48"), micro_batches=SHUFFLED_QUEUE),
-    "moco_v2": Sizes(heads=("method.proj_hidden=64",), ranks=("method.bn_groups=4", "method.queue_size=48"),
+    # MoCo v2's symmetric loss pushes 2 x 24 keys a step: a queue of 96 holds two steps, so a queue updated twice (or
+    # not at all) shows at the second step instead of refilling the queue with the same keys
+    "moco_v2": Sizes(heads=("method.proj_hidden=64",), ranks=("method.bn_groups=4", "method.queue_size=96"),
                      micro_batches=SHUFFLED_QUEUE),
     # InfoMin on 2 ranks: 2 groups per view, one per rank, still shuffled across ranks
     "infomin": Sizes(ranks=("method.bn_groups=2", "method.queue_size=48"), micro_batches=SHUFFLED_QUEUE),

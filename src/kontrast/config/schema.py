@@ -137,7 +137,8 @@ class TrainConfig:
     accumulate: int = checked(1, ge=1)  # gradient caching: each process's batch in this many micro-batches, the same
                                         # gradient in less memory (docs/memory.md)
     seed: int = checked(0, ge=0)  # every random draw of the run derives from it
-    precision: str = checked("auto", choices=PRECISIONS)  # auto: bf16 where the device computes it natively, else fp32
+    precision: str = checked("auto", choices=PRECISIONS)  # auto: bf16 where the device computes it natively, else
+                                                          # fp32; fp64 for checking numerics (slower)
     channels_last: bool | str = checked("auto", choices=(True, False, "auto"))  # auto: on where bf16 is native and on
                                                                                 # CPUs, unless a layer is unsafe in it
     sync_bn: bool = True  # on several processes: BN statistics over the global batch (docs/distributed.md)

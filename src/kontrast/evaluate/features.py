@@ -80,10 +80,11 @@ def extract_features(
         mean_t = torch.as_tensor(mean, dtype=torch.float32, device=device)  # [C]
         std_t = torch.as_tensor(std, dtype=torch.float32, device=device)  # [C]
     chunks = []
+    dtype = next((p.dtype for p in encoder.parameters() if p.is_floating_point()), torch.float32)  # fp64 training
     with eval_mode(encoder), autocast(device, precision):
         for start in range(0, len(images_uint8), batch_size):
             batch = images_uint8[start : start + batch_size].to(device, non_blocking=True)
-            feats = encoder(batch if sequences else normalise(batch, mean_t, std_t))  # [B, dim]
+            feats = encoder((batch if sequences else normalise(batch, mean_t, std_t)).to(dtype))  # [B, dim]
             chunks.append(feats.float().cpu())
     return torch.cat(chunks)  # [N, dim]
 

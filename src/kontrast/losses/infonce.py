@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from kontrast.losses.chunked import CHUNKED_ABOVE, info_nce_chunked
+from kontrast.precision import at_least_float32
 from kontrast.similarity import CosineScores, moco_scores
 
 
@@ -33,7 +34,7 @@ def info_nce(scores: torch.Tensor | CosineScores, positives: torch.Tensor, mask:
         if mask is None and use_blocks(*scores.shape):  # large: never the whole [N, M]
             return info_nce_chunked(scores.anchors, scores.candidates, positives, scores.temperature, exclude=exclude)
         scores = scores.dense()  # [N, M]
-    scores = scores.float()
+    scores = at_least_float32(scores)
     if exclude is not None:
         mask = torch.zeros_like(scores, dtype=torch.bool) if mask is None else mask.clone()
         mask[torch.arange(scores.shape[0], device=scores.device), exclude] = True  # [N, M]
@@ -50,7 +51,7 @@ def mi_bound(loss: torch.Tensor, num_candidates: int) -> torch.Tensor:
     In nats, detached (a metric, never a loss). It cannot exceed ``log N``, so a saturated bound
     says the task is solved for this N, not that the mutual information is that small.
     """
-    return math.log(num_candidates) - loss.detach().float()
+    return math.log(num_candidates) - at_least_float32(loss.detach())
 
 
 def use_blocks(rows: int, cols: int) -> bool:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from kontrast.losses.infonce import info_nce
+from kontrast.precision import at_least_float32
 from kontrast.similarity import scaled_dot, soft_clip
 
 
@@ -30,7 +31,7 @@ def nce_shared_negatives(
     positive pair): exactly the same value and gradient as a full [pairs, 1 + negatives] matrix,
     without materialising it. Each pair has ``1 + |neg(i)|`` candidates.
     """
-    scores = scores.float()
+    scores = at_least_float32(scores)
     if neg_mask is None:
         neg_mask = ~pos_mask
     neg_lse = scores.masked_fill(~neg_mask, float("-inf")).logsumexp(dim=1)  # [N]
@@ -45,7 +46,7 @@ def score_penalty(raw_scores: torch.Tensor) -> torch.Tensor:
     Keeps scores near the linear range of the soft clip ``c tanh(s / c)``, where gradients
     do not vanish (Bachman et al. 2019, section 3.5; weight 5e-2 in the authors' code).
     """
-    return raw_scores.float().square().mean()
+    return at_least_float32(raw_scores).square().mean()
 
 
 def positional_nce(scores: torch.Tensor, anchor_items: torch.Tensor, positions: int) -> torch.Tensor:
@@ -94,7 +95,7 @@ def pooled_info_nce(
     pool·Q], not [B·P, B·Q]). Returns ``(mean loss over all B·P anchors, candidates per anchor)``.
     """
     b, p, _ = anchors.shape
-    total = anchors.new_zeros((), dtype=torch.float32)
+    total = anchors.new_zeros((), dtype=at_least_float32(anchors).dtype)
     for a, c, positives in negative_pools(anchors, candidates, targets, pool):
         scores = score(a, c)  # [g·P, g·Q]
         total = total + info_nce(scores, positives) * len(positives)

@@ -21,10 +21,12 @@ import math
 import torch
 import torch.nn.functional as F
 
+from kontrast.precision import at_least_float32
+
 
 def estimate_log_z(noise_scores: torch.Tensor, num_samples: int) -> torch.Tensor:
     """``log Z = log(n * mean exp(noise_scores))`` from ``noise_scores [B, m]`` = v_j.f / tau (no gradient)."""
-    s = noise_scores.detach().float()
+    s = at_least_float32(noise_scores.detach())
     return torch.logsumexp(s.flatten(), 0) - math.log(s.numel()) + math.log(num_samples)
 
 
@@ -40,6 +42,6 @@ def nce_loss(
     """
     m = noise_scores.shape[1]
     log_noise = math.log(m / num_samples)  # log(m P_n)
-    logit_pos = pos_scores.float() - log_z - log_noise  # [B] log P - log(m P_n): h = sigmoid(this)
-    logit_noise = noise_scores.float() - log_z - log_noise  # [B, m]
+    logit_pos = at_least_float32(pos_scores) - log_z - log_noise  # [B] log P - log(m P_n): h = sigmoid(this)
+    logit_noise = at_least_float32(noise_scores) - log_z - log_noise  # [B, m]
     return -(F.logsigmoid(logit_pos) + F.logsigmoid(-logit_noise).sum(1)).mean()

@@ -16,6 +16,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from kontrast.precision import at_least_float32
+
 
 def clip_norm(z: torch.Tensor, mu: float) -> torch.Tensor:
     """Rows with ``|z_i| >= sqrt(mu)`` rescaled to norm ``sqrt(mu)``; shorter rows unchanged. [N, D]"""
@@ -34,7 +36,7 @@ def spectral_contrastive_loss(z1: torch.Tensor, z2: torch.Tensor, mu: float = 1.
     """
     if z1.shape[0] < 2:
         raise ValueError("the spectral contrastive loss needs at least 2 pairs per batch")
-    z1, z2 = clip_norm(z1.float(), mu), clip_norm(z2.float(), mu)  # [B, D] each
+    z1, z2 = clip_norm(at_least_float32(z1), mu), clip_norm(at_least_float32(z2), mu)  # [B, D] each
     return spectral_loss_from_scores((z1 * z2).sum(1), z1 @ z2.T, mu)
 
 

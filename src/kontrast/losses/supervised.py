@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from kontrast.precision import at_least_float32
+
 
 def supervised_contrastive(scores: torch.Tensor, anchor_labels: torch.Tensor, candidate_labels: torch.Tensor,
                            offset: int = 0) -> torch.Tensor:
@@ -20,7 +22,7 @@ def supervised_contrastive(scores: torch.Tensor, anchor_labels: torch.Tensor, ca
     n = scores.shape[0]
     self_mask = torch.zeros_like(scores, dtype=torch.bool)  # [n, m] the anchor itself
     self_mask[torch.arange(n, device=scores.device), offset + torch.arange(n, device=scores.device)] = True
-    scores = scores.float().masked_fill(self_mask, float("-inf"))  # [n, m] A(i): every candidate but i
+    scores = at_least_float32(scores).masked_fill(self_mask, float("-inf"))  # [n, m] A(i): every candidate but i
     log_prob = scores - torch.logsumexp(scores, dim=1, keepdim=True)  # [n, m] log softmax over A(i)
     positives = (anchor_labels[:, None] == candidate_labels[None, :]) & ~self_mask  # [n, m] P(i)
     per_anchor = -log_prob.masked_fill(~positives, 0.0).sum(1) / positives.sum(1)  # [n] -1/|P(i)| sum_p log p

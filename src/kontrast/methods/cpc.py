@@ -22,6 +22,7 @@ from kontrast.extract import GRUContext, PooledContext
 from kontrast.losses import info_nce, mi_bound
 from kontrast.losses.local import negative_pools
 from kontrast.methods.base import Method, Needs, Progress, Ranks
+from kontrast.precision import at_least_float32
 from kontrast.registry import METHODS
 from kontrast.similarity import bilinear
 
@@ -62,7 +63,7 @@ class CPC(Method):
         losses, bounds = [], []
         for k in range(1, steps + 1):
             targets = torch.arange(k, t, device=z.device)  # [T-k]: z_{t+k} for anchors c_0 .. c_{T-k-1}
-            total = c.new_zeros((), dtype=torch.float32)
+            total = c.new_zeros((), dtype=at_least_float32(c).dtype)
             for anchors, candidates, positives in negative_pools(c[:, : t - k], z, targets, pool):  # g sequences each
                 scores = bilinear(anchors, candidates, self.predictors[k - 1])  # [g(T-k), gT] z_j^T W_k c_t (eq. 3)
                 total = total + info_nce(scores, positives) * len(positives)  # eq. 4: c_t picks z_{t+k}

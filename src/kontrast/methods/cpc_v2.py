@@ -23,6 +23,7 @@ from kontrast.extract import GridContext, positions
 from kontrast.losses import info_nce, mi_bound
 from kontrast.losses.local import negative_pools
 from kontrast.methods.base import Method, Needs, Progress, Ranks
+from kontrast.precision import at_least_float32
 from kontrast.registry import METHODS
 from kontrast.similarity import bilinear
 
@@ -79,7 +80,7 @@ class CPCV2(Method):
         for i, k in enumerate(range(p.min_offset, p.max_offset + 1)):
             targets = torch.arange(k * gw, gh * gw, device=z.device)  # [(gh-k)·gw]: (row + k, col), row-major
             anchors = positions(c[:, :, : gh - k])  # [B, (gh-k)·gw, D] contexts c_{i,j}
-            total = anchors.new_zeros((), dtype=torch.float32)
+            total = anchors.new_zeros((), dtype=at_least_float32(anchors).dtype)
             for a, cand, positives in negative_pools(anchors, positions(z), targets, p.negative_pool):  # g images each
                 scores = bilinear(a, cand, self.predictors[i])  # [g(gh-k)gw, g·gh·gw] z^T W_k c_{i,j}
                 total = total + info_nce(scores, positives) * len(positives)  # c_{i,j} picks z_{i+k,j}

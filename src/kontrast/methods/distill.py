@@ -149,5 +149,5 @@ class Distill(Method):
         t = self._teacher_features(torch.cat(views))  # [V B, D_t] the same rows
         with float32(s):
             loss = normalized_feature_mse(at_least_float32(s), at_least_float32(t))
-        cos = F.cosine_similarity(s.detach().float(), t.float(), dim=1).mean()  # 1 - D_t L / 2
+        cos = F.cosine_similarity(at_least_float32(s.detach()), at_least_float32(t), dim=1).mean()  # 1 - D_t L / 2
         return {"loss": loss, "teacher_cosine": cos, "embedding_std": embedding_std(h[:views[0].shape[0]])}

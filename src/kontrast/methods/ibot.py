@@ -38,7 +38,7 @@ from kontrast.losses.koleo import koleo
 from kontrast.losses.swav import sinkhorn, swapped_prediction
 from kontrast.methods.base import Needs, Progress, Ranks, embedding_std, step_generator
 from kontrast.methods.self_distillation import SelfDistillation, SelfDistillationParams
-from kontrast.precision import float32
+from kontrast.precision import at_least_float32, float32
 from kontrast.registry import METHODS
 
 
@@ -120,11 +120,13 @@ class IBOT(SelfDistillation):
             t_cls = self.target.net[1](t[:, 0])  # [2b, K]
             t_patch = self.target.net[1](t[:, 1:][image, patch])  # [M, K]
         with float32(s):
-            q_cls = self._codes(t_cls.float(), tau_t, [2 * b] * self.ranks.world).view(2, b, -1)  # [2, b, K] codes
-            q_patch = self._codes(t_patch.float(), tau_t, masked)  # [M, K] Sinkhorn codes, masked patches
+            q_cls = self._codes(at_least_float32(t_cls), tau_t, [2 * b] * self.ranks.world)
+            q_cls = q_cls.view(2, b, -1)  # [2, b, K] codes
+            q_patch = self._codes(at_least_float32(t_patch), tau_t, masked)  # [M, K] Sinkhorn codes, masked patches
             dino = swapped_prediction(s, q_cls, p.student_temp)  # H(Q(x), P_s(x')), x' != x
             ibot = masked_patch_loss(s_patch, q_patch, image, 2 * b, p.student_temp) if len(image) else s.sum() * 0
-            spread = sum(koleo(self.ranks.gather(c)) for c in cls.float().split(b))  # each global crop's tokens
+            # each global crop's tokens
+            spread = sum(koleo(self.ranks.gather(c)) for c in at_least_float32(cls).split(b))
             loss = dino + p.ibot_weight * ibot + p.koleo_weight * spread
         return {"loss": loss, "dino": dino.detach(), "ibot": ibot.detach(), "koleo": spread.detach(),
                 "embedding_std": embedding_std(z[:b]), "teacher_temp": torch.tensor(tau_t),

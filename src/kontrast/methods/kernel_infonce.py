@@ -32,6 +32,7 @@ from kontrast.errors import UserError
 from kontrast.extract import mlp
 from kontrast.losses import mi_bound, two_view_info_nce
 from kontrast.methods.base import Method, Needs, Progress, Ranks, embedding_std
+from kontrast.precision import at_least_float32
 from kontrast.registry import METHODS
 from kontrast.similarity import concat_sum_scores, kernel_scores, simple_sum_scores
 
@@ -84,7 +85,7 @@ class KernelInfoNCE(Method):
                       progress: Progress | None = None) -> dict[str, torch.Tensor]:
         b = views[0].shape[0]
         z = self.in_micro_batches(lambda x: self.projector(self.encoder(x)), views[:2])  # [2B, proj_dim], per sample
-        z = F.normalize(z.float(), dim=1)  # [2B, proj_dim]
+        z = F.normalize(at_least_float32(z), dim=1)  # [2B, proj_dim]
         candidates, mine = self.ranks.everyone(z)  # [2BW, proj_dim] every rank's cat(view 1, view 2) (one process: z)
         s = scores(self.params, z, candidates)  # [2B, 2BW] log k(z_i, z_j)
         loss = two_view_info_nce(s, b, mine.start)  # NT-Xent's targets: the other view; itself masked

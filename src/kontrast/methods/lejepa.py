@@ -23,7 +23,7 @@ from kontrast.encoders.multicrop import encode_views
 from kontrast.extract import mlp
 from kontrast.losses.gaussian import lejepa_loss, unit_directions
 from kontrast.methods.base import Method, Needs, Progress, Ranks, embedding_std, step_generator
-from kontrast.precision import float32
+from kontrast.precision import at_least_float32, float32
 from kontrast.registry import METHODS
 
 
@@ -67,7 +67,7 @@ class LeJEPA(Method):
         z = self.in_micro_batches(self.projector, list(h.split(b))).view(len(views), b, -1)  # [V, B, D]
         z = self.ranks.gather(z.transpose(0, 1).contiguous()).transpose(0, 1)  # [V, BW, D] every rank's, rank order
         with float32(z):
-            loss, invariance, regulariser = lejepa_loss(z.float(), p.global_views, directions.to(z.device), p.weight,
-                                                        p.t_max, p.knots)
+            loss, invariance, regulariser = lejepa_loss(at_least_float32(z), p.global_views, directions.to(z.device),
+                                                        p.weight, p.t_max, p.knots)
         return {"loss": loss, "invariance": invariance.detach(), "sigreg": regulariser.detach(),
                 "embedding_std": embedding_std(z[0])}

@@ -23,7 +23,7 @@ from kontrast.encoders.target import MomentumTarget, cosine_momentum
 from kontrast.extract import mlp
 from kontrast.losses.capacity import manifold_capacity
 from kontrast.methods.base import Method, Needs, Progress, Ranks, embedding_std
-from kontrast.precision import float32
+from kontrast.precision import at_least_float32, float32
 from kontrast.registry import METHODS
 
 
@@ -64,7 +64,8 @@ class MMCR(Method):
                 target = self.in_micro_batches(self.target, views)  # [k*B, D] the EMA's embeddings
             z = torch.cat([z, target])  # [2k*B, D]
         with float32(z):
-            z = F.normalize(z.float(), dim=1).view(-1, b, z.shape[1]).transpose(0, 1)  # [B, k (2k), D] unit rows
+            z = F.normalize(at_least_float32(z), dim=1)
+            z = z.view(-1, b, z.shape[1]).transpose(0, 1)  # [B, k (2k), D] unit rows
             centroids = self.ranks.gather(z.mean(1))  # [BW, D] every rank's centroids c_i, in rank order
             loss = manifold_capacity(z, p.local_weight, centroids)  # -||C||_* (+ lambda mean_i ||Z_i||_*)
         return {"loss": loss, "embedding_std": embedding_std(z[:, 0]),

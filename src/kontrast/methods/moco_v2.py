@@ -29,6 +29,7 @@ from kontrast.errors import UserError
 from kontrast.extract import mlp
 from kontrast.losses import Queue, mi_bound, moco_loss
 from kontrast.methods.base import Method, Needs, Progress, Ranks, embedding_std
+from kontrast.precision import at_least_float32
 from kontrast.registry import METHODS
 
 
@@ -107,4 +108,4 @@ class MoCoV2(Method):
 
     def after_step(self, out: dict[str, torch.Tensor], progress: Progress) -> None:
         self.target.update(self._online(), self.params.momentum)
-        self.queue.push(nn.functional.normalize(out["keys"].float(), dim=1))
+        self.queue.push(nn.functional.normalize(at_least_float32(out["keys"]), dim=1))

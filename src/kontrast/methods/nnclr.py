@@ -25,6 +25,7 @@ from kontrast.errors import UserError
 from kontrast.extract import mlp, nearest_neighbours, predictor
 from kontrast.losses import Queue, info_nce, mi_bound
 from kontrast.methods.base import Method, Needs, Progress, Ranks, embedding_std
+from kontrast.precision import at_least_float32
 from kontrast.registry import METHODS
 from kontrast.similarity import CosineScores
 
@@ -74,7 +75,7 @@ class NNCLR(Method):
         scores_1 = CosineScores(nn1, p2, tau)
         scores_2 = CosineScores(nn2, p1, tau)  # [B, BW] the swapped pair
         loss = (info_nce(scores_1, positives) + info_nce(scores_2, positives)) / 2
-        support = self.ranks.gather(F.normalize(z[:b].detach().float(), dim=1))  # [BW, d] view 1, for Q
+        support = self.ranks.gather(F.normalize(at_least_float32(z[:b].detach()), dim=1))  # [BW, d] view 1, for Q
         return {"loss": loss, "embedding_std": embedding_std(z[:b]), "mi_bound": mi_bound(loss, p1.shape[0]),
                 "support": support}
 

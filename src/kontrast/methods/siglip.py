@@ -29,6 +29,7 @@ from kontrast.errors import UserError
 from kontrast.losses.sigmoid import sigmoid_pair_loss
 from kontrast.methods.base import Needs, Progress, Ranks, embedding_std
 from kontrast.methods.clip import ImageTextPairs, text_transformer
+from kontrast.precision import at_least_float32
 from kontrast.registry import METHODS
 
 
@@ -101,7 +102,7 @@ class SigLIP(ImageTextPairs):
         else:
             y = self.in_micro_batches(self.encode_text, [self.captions(indices)])  # [B, E] their captions
         scale, b = self.log_scale.exp(), x.shape[0]
-        x, y = x.float(), y.float()
+        x, y = at_least_float32(x), at_least_float32(y)
         total = sigmoid_pair_loss(x, y, scale, self.bias)  # this rank's pairs: its images x its texts
         for _ in range(self.ranks.world - 1):  # the other ranks' texts, one chunk at a time round the ring
             y = self.ranks.pass_on(y)  # [B, E] rank r-1's, then r-2's, ...: all negatives

@@ -18,6 +18,7 @@ from kontrast.extract import mlp
 from kontrast.losses import spectral_loss_from_scores
 from kontrast.losses.spectral import clip_norm
 from kontrast.methods.base import Method, Needs, Progress, Ranks, embedding_std
+from kontrast.precision import at_least_float32
 from kontrast.registry import METHODS
 
 
@@ -43,7 +44,8 @@ class Spectral(Method):
         b, mu = views[0].shape[0], self.params.mu
         # [2B, proj_dim], not normalised
         z = self.in_micro_batches(lambda x: self.projector(self.encoder(x)), views[:2])
-        z1, z2 = clip_norm(z[:b].float(), mu), clip_norm(z[b:].float(), mu)  # [B, D] each, norms at most sqrt(mu)
+        z = at_least_float32(z)
+        z1, z2 = clip_norm(z[:b], mu), clip_norm(z[b:], mu)  # [B, D] each, norms at most sqrt(mu)
         positive = (z1 * z2).sum(1)  # [B] f(x_i).f(x_i+)
         candidates, mine = self.ranks.everyone(z2)  # [BW, D] every rank's second views (one process: z2)
         scores = z1 @ candidates.T  # [B, BW] f(x_i).f(x_j+); off the positives the independent pairs (x, x-)

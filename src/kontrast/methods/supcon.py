@@ -23,6 +23,7 @@ from kontrast.losses import mi_bound
 from kontrast.losses.supervised import supervised_contrastive
 from kontrast.methods.base import Method, Needs, Progress, Ranks, embedding_std
 from kontrast.methods.simclr import embed_views, projection_head
+from kontrast.precision import at_least_float32
 from kontrast.registry import METHODS
 
 
@@ -60,7 +61,7 @@ class SupCon(Method):
             raise UserError("supcon needs the batch's labels: call bind_data(training set) and pass the batch's "
                             "indices")
         z = embed_views(self, views[:2])  # [2B, D] view 1, then view 2, each through BN on its own (SimCLR's)
-        z = F.normalize(z.float(), dim=1)
+        z = F.normalize(at_least_float32(z), dim=1)
         y = self.labels[indices].repeat(2)  # [2B] each view's class
         candidates, mine = self.ranks.everyone(z)  # [2BW, D] every rank's views, in rank order
         scores = z @ candidates.T / self.params.temperature  # [2B, 2BW] z_i.z_a / tau

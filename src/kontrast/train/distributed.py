@@ -30,6 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from kontrast.errors import UserError
 from kontrast.methods.base import Ranks
+from kontrast.precision import at_least_float32
 
 
 def launched() -> bool:
@@ -288,9 +289,9 @@ class GlobalBatchNorm(nn.modules.batchnorm._BatchNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training:
             return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps)
-        weight = None if self.weight is None else self.weight.float()
-        bias = None if self.bias is None else self.bias.float()
-        y, mean, var, n = _GlobalBatchNormFn.apply(x.float(), weight, bias, self.eps)
+        weight = None if self.weight is None else at_least_float32(self.weight)
+        bias = None if self.bias is None else at_least_float32(self.bias)
+        y, mean, var, n = _GlobalBatchNormFn.apply(at_least_float32(x), weight, bias, self.eps)
         if self.track_running_stats:
             with torch.no_grad():
                 self.num_batches_tracked.add_(1)

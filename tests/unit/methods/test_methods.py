@@ -34,6 +34,25 @@ def test_smoke_step(name):
     save(dict(method.state_dict()))  # checkpointable: no shared tensors
 
 
+@pytest.mark.parametrize("name", IMAGE_METHODS)
+def test_a_float64_step_stays_in_float64(name):
+    """``train.precision=fp64`` (the suite's equality tests): the float32 islands that keep bf16 scores in float32
+    (``precision.at_least_float32``) leave float64 as it is, so the loss, every gradient and every buffer the step
+    writes (queues, banks, centres) stay float64. A ``.float()`` anywhere on the way would round the step to float32,
+    where splitting a batch rounds apart again (7 digits: docs/lab/tolerances.md)."""
+    cfg = resolve({"method": {"name": name}, "encoder": tiny_encoder(name)})
+    method, views = method_and_views(cfg)
+    method, views = method.double(), [v.double() for v in views]
+    out = method.training_step(views, torch.arange(8), Progress(step=0, epoch=0, total_steps=2, steps_per_epoch=1))
+    assert out["loss"].dtype == torch.float64
+    out["loss"].backward()
+    method.after_step(out, Progress(step=1, epoch=0, total_steps=2, steps_per_epoch=1))
+    grads = {n: p.grad.dtype for n, p in method.named_parameters() if p.grad is not None}
+    state = {n: t.dtype for n, t in method.state_dict().items() if t.is_floating_point()}
+    assert grads and set(grads.values()) == {torch.float64}, grads
+    assert set(state.values()) == {torch.float64}, {n: d for n, d in state.items() if d != torch.float64}
+
+
 def test_byol_views_go_through_batchnorm_separately():
     """BYOL's code (and solo-learn's) forward each view on its own, online and target network alike, so every
     BatchNorm normalises the B samples of one view with that view's statistics, never one 2B batch of both."""

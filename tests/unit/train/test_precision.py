@@ -1,11 +1,15 @@
 """``train.precision=auto``: bf16 only where it is native; ``train.channels_last=auto``: on every CPU (unless the
 encoder has a layer oneDNN's NHWC backward corrupts), elsewhere with bf16."""
 
+import json
+
 import pytest
 import torch
 import yaml
+from safetensors.torch import load_file
 
-from kontrast import precision
+from kontrast import load_backbone, precision
+from kontrast.checkpoint import latest_checkpoint
 from kontrast.cli import main
 from kontrast.decisions import decide, encoder_layers
 from kontrast.errors import UserError
@@ -72,6 +76,30 @@ def test_a_run_says_what_it_chose_and_keeps_it_in_its_config(tmp_path, capsys, m
     assert lines[2].startswith("numerics: precision fp32 (auto), channels_last on (auto); CPU ")
     train = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["train"]
     assert (train["precision"], train["channels_last"]) == ("fp32", True)  # a resume elsewhere keeps them
+
+
+def test_fp64_trains_evaluates_and_exports_in_float64(tmp_path, capsys):
+    """``--precision fp64``: the method's weights, buffers (MoCo's queue) and views in float64, channels_last off; the
+    checkpoint keeps float64, and ``eval`` and ``export`` read it back."""
+    run = tmp_path / "run"
+    assert main(["train", "--method", "moco_v2", "--data", "shapes:32", "--epochs", "1", "--batch-size", "8",
+                 "--out", str(run), "--precision", "fp64", "--set", "encoder.width=0.125", "--set", "data.size=16",
+                 "--set", "method.queue_size=16", "--set", "method.bn_groups=2", "--no-progress"]) == 0
+    assert "numerics: precision fp64 (set), channels_last off (auto)" in capsys.readouterr().out
+    state = load_file(latest_checkpoint(run) / "model.safetensors")
+    floating = {k: v.dtype for k, v in state.items() if v.is_floating_point()}
+    assert "queue.items" in floating and set(floating.values()) == {torch.float64}
+    assert main(["eval", "--checkpoint", str(run), "--no-linear", "--json"]) == 0
+    assert 0 <= json.loads(capsys.readouterr().out.splitlines()[-1])["knn_top1"] <= 1
+    assert main(["export", "--checkpoint", str(run), "--out", str(tmp_path / "backbone.safetensors")]) == 0
+    backbone = load_backbone(tmp_path / "backbone.safetensors")
+    assert backbone(torch.rand(2, 3, 16, 16)).shape[0] == 2  # a float32 backbone, as every export loads
+
+
+def test_fp64_is_refused_in_one_line_where_the_device_has_no_float64():
+    with pytest.raises(UserError, match="MPS device has no float64"):
+        choose_precision("fp64", "auto", "mps")
+    assert choose_precision("fp64", "auto", "cpu")[:2] == ("fp64", False)
 
 
 def _encoder(width: float):
