@@ -112,9 +112,9 @@ def test_two_processes_equal_one_on_the_global_batch(name, tmp_path):
 # holds rank 0's), while micro-batches update the one set in turn (tests/unit/train/test_micro_batches.py checks them).
 # The 4-way runs (global batch 24) with InfoMin's 4 BN groups per view (one per process or micro-batch: groups of 6).
 MICRO = {"infomin": ["method.bn_groups=4"]}
-# The micro-batch runs take 2 steps: one step of 24 already fills the 24-key queues, so the second step reads the state
-# the first one left. (In float32 BN over unsynchronised micro-batches of 6 made the third step divergent, and five
-# methods' second; float64 keeps every floor at rounding: docs/lab/tolerances.md.)
+# The micro-batch runs take 2 steps: the first fills the tests' queues or half of them (support/sizes.py), so the second
+# step reads the state the first one left. (In float32 BN over unsynchronised micro-batches of 6 made the third step
+# divergent, and five methods' second; float64 keeps every floor at rounding: docs/lab/tolerances.md.)
 MICRO_STEPS = 2
 
 

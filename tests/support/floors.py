@@ -12,7 +12,7 @@ step, every weight) is within :data:`FACTOR` times its floor.
 Why the factor is what it is: the nudge perturbs each weight once, by one ulp; splitting a batch perturbs every
 reduction of every step by a few ulps of its result. Both then grow at the rate the run amplifies rounding, which is
 what the floor measures, so their ratio stays within an order of magnitude or two whatever the CPU; the ratios
-measured on every method, under AVX-512 and AVX2 kernels, are in docs/lab/tolerances.md. A logic error (a gradient
+measured on every method, under AVX2 and default kernels, are in docs/lab/tolerances.md. A logic error (a gradient
 averaged over the wrong count, a sample missing from a gather, a queue updated twice) moves the weights by a share
 of the learning rate from the first step: many orders of magnitude above the floor, unless the run is so chaotic
 that its floor is of that order too, which :func:`assert_floor_meaningful` refuses.
