@@ -134,9 +134,12 @@ def check_precision(precision: str) -> None:
         raise UserError(f"unknown precision {precision!r}; choose one of: {', '.join(PRECISIONS)}")
 
 
-def parameter_dtype(precision: str) -> torch.dtype:
-    """The dtype of a run's parameters, buffers and views under ``precision`` (float32 but for fp64)."""
-    return torch.float64 if precision == "fp64" else torch.float32
+def in_precision(x, precision: str):
+    """``x`` (a method, or a floating view) in float64 under ``fp64``: parameters, buffers and views; as it is
+    otherwise (autocast decides the rest)."""
+    if precision != "fp64" or (torch.is_tensor(x) and not x.is_floating_point()):
+        return x
+    return x.to(torch.float64)
 
 
 def autocast(device: torch.device | str, precision: str) -> torch.autocast:

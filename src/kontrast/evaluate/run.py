@@ -19,7 +19,7 @@ from kontrast.evaluate.zeroshot import supports_zeroshot, zeroshot_top1
 from kontrast.methods.base import Method
 from kontrast.methods.build import create_method, resolve
 from kontrast.plugins import load_plugins
-from kontrast.precision import parameter_dtype
+from kontrast.precision import in_precision
 
 EVAL_FILE = "eval.json"  # the latest `kontrast eval` of a run, inside it
 
@@ -44,8 +44,7 @@ def load_run(path: str | Path) -> tuple[Config, Method, Path]:
     raw, _ = read_run_config(run_dir)
     cfg = resolve(raw)
     method = create_method(cfg, num_samples=_num_samples(ckpt), pretrained=False)  # the checkpoint's weights follow
-    if cfg.train.precision == "fp64":
-        method = method.to(parameter_dtype("fp64"))  # a run trained in float64 kept its weights so
+    method = in_precision(method, cfg.train.precision)  # a run trained in float64 kept its weights so
     load_weights(ckpt, method)
     return cfg, method, ckpt
 

@@ -29,7 +29,7 @@ from kontrast.errors import UserError
 from kontrast.methods.base import Progress, Ranks
 from kontrast.methods.build import create_method
 from kontrast.plugins import RUN_KEY, plugin_files
-from kontrast.precision import choose_precision, parameter_dtype
+from kontrast.precision import choose_precision, in_precision
 from kontrast.registry import METHODS
 from kontrast.train import distributed, sharding
 from kontrast.train.data_path import TrainData, choose_mode, choose_workers, load_train_data
@@ -291,8 +291,7 @@ def _build_method(plan: RunPlan, ranks: Ranks, data, resume: bool):
     torch.manual_seed(tc.seed)
     method = create_method(cfg, num_samples=len(data), pretrained=not resume, ranks=ranks,
                            decisions=plan.decisions).to(plan.torch_device)
-    if tc.precision == "fp64":
-        method = method.to(parameter_dtype(tc.precision))  # parameters and buffers; views follow in the step
+    method = in_precision(method, tc.precision)  # fp64: parameters and buffers; the views follow in the step
     method.accumulate = tc.accumulate  # gradient caching: the per-sample part of each step in micro-batches
     if ranks.world > 1 and tc.sync_bn and plan.decisions.needs.sync_bn:
         distributed.synchronised_batch_norm(method, plan.torch_device)  # the global batch's BN statistics

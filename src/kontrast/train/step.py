@@ -24,7 +24,7 @@ import torch
 
 from kontrast.augment import derive_key
 from kontrast.methods.base import Method, Progress, Ranks
-from kontrast.precision import autocast, parameter_dtype
+from kontrast.precision import autocast, in_precision
 from kontrast.train.guards import NonFiniteGuard
 from kontrast.train.optim import clip_per_parameter
 
@@ -110,8 +110,7 @@ def train_step(ctx: StepContext, indices: torch.Tensor, epoch_key: torch.Tensor,
         views = ctx.make_views(inputs, idx, epoch_key)
     if ctx.channels_last and ctx.make_views:
         views = [v.contiguous(memory_format=torch.channels_last) for v in views]
-    if ctx.precision == "fp64":  # the views made in float32, as in every run; the method computes in float64
-        views = [v.to(parameter_dtype(ctx.precision)) if v.is_floating_point() else v for v in views]
+    views = [in_precision(v, ctx.precision) for v in views]  # fp64: views made in float32 as in every run, then cast
     buffers = [b.clone() for b in method.buffers()] if ctx.nonfinite == "skip" else None
     lap("data_augment")
     with autocast(ctx.device, ctx.precision):
