@@ -7,9 +7,11 @@ A row holds, per method, what three kinds of test set:
     ``--set`` items for every tiny run: the CLI runs, the configuration space, the smallest sizes, the micro-batch
     unit test (none for a method whose heads are small already).
 ``ranks``
-    ``--set`` items of the distributed runs (tests/integration/test_distributed.py), the same on both sides of every
-    comparison: the whole list, not added to ``heads`` (Barlow Twins, VICReg, MMCR, LeJEPA and MoCo v2 keep the
-    paper's heads there, as the floors in docs/lab/tolerances.md were measured).
+    ``--set`` items of the distributed runs (tests/integration/test_distributed.py, test_sharding.py) over ``heads``,
+    the same on both sides of every comparison: queues and BN groups that several processes share, another encoder.
+    (Until the runs compared trained in float64, Barlow Twins, VICReg, MMCR, LeJEPA and MoCo v2 kept their default
+    heads there, as their float32 floors had been measured; the 2048-wide expanders in float64 made Barlow Twins' and
+    VICReg's runs the longest of the file.)
 ``micro_batches``
     method settings of the micro-batch unit test (tests/unit/methods/test_micro_batched_methods.py), over ``heads``:
     queues of 16 keys (MoCo, NNCLR, SwAV), full after its first step, so that the second step reads them.
@@ -45,9 +47,9 @@ IJEPA_PREDICTOR = ("method.predictor_dim=32", "method.predictor_depth=1", "metho
 SIZES: dict[str, Sizes] = {
     "barlow_twins": Sizes(heads=EXPANDER),
     "vicreg": Sizes(heads=EXPANDER),
-    "byol": Sizes(heads=PREDICTOR, ranks=PREDICTOR),
-    "moco_v3": Sizes(heads=PREDICTOR, ranks=PREDICTOR),
-    "simsiam": Sizes(heads=SIMSIAM, ranks=SIMSIAM),
+    "byol": Sizes(heads=PREDICTOR),
+    "moco_v3": Sizes(heads=PREDICTOR),
+    "simsiam": Sizes(heads=SIMSIAM),
     # on 2 ranks: 4 BN groups per view, 2 on each rank, shuffled across ranks for the keys; global batch 24
     # (test_distributed.py's BATCH)
     "moco_v1": Sizes(ranks=("method.bn_groups=4", "method.queue_size=48"), micro_batches=SHUFFLED_QUEUE),
@@ -58,19 +60,19 @@ SIZES: dict[str, Sizes] = {
     # InfoMin on 2 ranks: 2 groups per view, one per rank, still shuffled across ranks
     "infomin": Sizes(ranks=("method.bn_groups=2", "method.queue_size=48"), micro_batches=SHUFFLED_QUEUE),
     # SwAV on 2 ranks with its queue in the transport from step 3 (two steps of 12 keys fill 24)
-    "swav": Sizes(heads=SWAV, ranks=(*SWAV, "method.queue_size=24", "method.queue_start_epochs=0",
+    "swav": Sizes(heads=SWAV, ranks=("method.queue_size=24", "method.queue_start_epochs=0",
                                      "method.freeze_prototypes_epochs=0"),
                   micro_batches={"queue_size": 16, "queue_start_epochs": 0, "freeze_prototypes_epochs": 0}),
     # NNCLR on 2 ranks with a support queue of 24: two steps of 12 fill it, so step 3 looks up real embeddings
-    "nnclr": Sizes(heads=("method.queue_size=2048", *PREDICTOR), ranks=("method.queue_size=24", *PREDICTOR),
+    "nnclr": Sizes(heads=("method.queue_size=2048", *PREDICTOR), ranks=("method.queue_size=24",),
                    micro_batches={"queue_size": 16}),
     # DINO on 2 ranks: multi-crop (2 x 16 px + 4 x 8 px; the centre takes both ranks' teacher outputs), the last layer
     # trained from step 1 (the run is one epoch)
-    "dino": Sizes(heads=DINO_HEAD, ranks=(*DINO_HEAD, "method.freeze_last_layer_epochs=0"),
+    "dino": Sizes(heads=DINO_HEAD, ranks=("method.freeze_last_layer_epochs=0",),
                   micro_batches={"freeze_last_layer_epochs": 0}),
     # iBOT on 2 ranks on a 2-block ViT (16-px images: 4x4 tokens, local crops 2x2), no stochastic depth (its draws are
     # per process, so W processes draw other ones than one process: the same holds for DINO and MoCo v3 on a ViT)
-    "ibot": Sizes(heads=DINO_HEAD, ranks=("encoder.name=vit_tiny", "encoder.depth=2", "encoder.drop_path=0", *DINO_HEAD,
+    "ibot": Sizes(heads=DINO_HEAD, ranks=("encoder.name=vit_tiny", "encoder.depth=2", "encoder.drop_path=0",
                                           "method.freeze_last_layer_epochs=0")),
     # CPC v2: 8-px patches (the CIFAR stem's smallest input); on 2 ranks at stride 2 (a 5 x 5 grid of 16-px images)
     # with pools of 2 images, which divide 6 and 12
@@ -80,16 +82,16 @@ SIZES: dict[str, Sizes] = {
                  micro_batches={"steps": 3, "negative_pool": 4}),
     # AMDIM and YADIM on 2 ranks on the ResNet-18 maps (the amdim encoder needs 32-px images; the cross-rank code is
     # the same)
-    "amdim": Sizes(heads=("method.n_rkhs=32",), ranks=("method.n_rkhs=32", "encoder.name=resnet18")),
-    "yadim": Sizes(heads=("method.n_rkhs=32",), ranks=("method.n_rkhs=32", "encoder.name=resnet18")),
+    "amdim": Sizes(heads=("method.n_rkhs=32",), ranks=("encoder.name=resnet18",)),
+    "yadim": Sizes(heads=("method.n_rkhs=32",), ranks=("encoder.name=resnet18",)),
     # MAE on 2 ranks on a 2-block ViT (16-px images: 16 patches, 4 kept), its decoder 32 wide, 1 block
-    "mae": Sizes(heads=MAE_DECODER, ranks=("encoder.name=vit_tiny", "encoder.depth=2", *MAE_DECODER)),
+    "mae": Sizes(heads=MAE_DECODER, ranks=("encoder.name=vit_tiny", "encoder.depth=2")),
     # I-JEPA on 2 ranks on a 2-block ViT (16-px images: a 4x4 grid, four 1- or 2-patch targets, a 3x3 context block)
-    "ijepa": Sizes(heads=IJEPA_PREDICTOR, ranks=("encoder.name=vit_tiny", "encoder.depth=2", *IJEPA_PREDICTOR)),
+    "ijepa": Sizes(heads=IJEPA_PREDICTOR, ranks=("encoder.name=vit_tiny", "encoder.depth=2")),
     "mmcr": Sizes(heads=("method.proj_hidden=64", "method.proj_dim=16")),
     "lejepa": Sizes(heads=("method.proj_hidden=64", "method.directions=64")),
     # distill: a tiny teacher written by this test process (support/teacher.py), the same on every side of a comparison
-    "distill": Sizes(heads=(f"method.teacher={tiny_teacher()}",), ranks=(f"method.teacher={tiny_teacher()}",)),
+    "distill": Sizes(heads=(f"method.teacher={tiny_teacher()}",)),
 }
 
 
@@ -104,8 +106,8 @@ def small_heads(method: str) -> list[str]:
 
 
 def rank_settings(method: str) -> list[str]:
-    """``--set`` items of ``method``'s distributed runs."""
-    return list(sizes(method).ranks)
+    """``--set`` items of ``method``'s distributed runs: its small heads, then what several processes share."""
+    return [*sizes(method).heads, *sizes(method).ranks]
 
 
 def micro_batch_params(method: str) -> dict:
