@@ -99,6 +99,14 @@ def channels_last_hazard(encoder: nn.Module | None) -> str | None:
     return None
 
 
+def channels_last_features(encoder: nn.Module, device: torch.device | str, dtype: torch.dtype) -> bool:
+    """Whether feature extraction feeds ``encoder`` NHWC batches: on a CPU, in float32 (oneDNN has no float64
+    kernels), for an encoder without the layer of :func:`channels_last_hazard` (inference runs only its forward,
+    but kontrast keeps to the layouts it has measured). oneDNN's CPU convolutions run faster on NHWC input: ResNet-18
+    at width 0.25, 32 px, batches of 512, 2 threads, 436 -> 654 images/s (docs/lab/performance.md section 10)."""
+    return torch.device(device).type == "cpu" and dtype == torch.float32 and channels_last_hazard(encoder) is None
+
+
 def choose_precision(precision: str, channels_last, device: torch.device | str,
                      encoder: nn.Module | None = None) -> tuple[str, bool, str]:
     """Resolve ``auto`` in ``train.precision`` / ``train.channels_last`` for ``device`` and ``encoder``

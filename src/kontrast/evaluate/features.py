@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from kontrast.precision import autocast, check_precision
+from kontrast.precision import autocast, channels_last_features, check_precision
 
 
 @contextmanager
@@ -81,10 +81,14 @@ def extract_features(
         std_t = torch.as_tensor(std, dtype=torch.float32, device=device)  # [C]
     chunks = []
     dtype = next((p.dtype for p in encoder.parameters() if p.is_floating_point()), torch.float32)  # fp64 training
+    layout = torch.contiguous_format
+    if not sequences and channels_last_features(encoder, device, dtype):
+        layout = torch.channels_last  # NHWC input: oneDNN's faster convolutions (the encoder's weights as they are)
     with eval_mode(encoder), autocast(device, precision):
         for start in range(0, len(images_uint8), batch_size):
             batch = images_uint8[start : start + batch_size].to(device, non_blocking=True)
-            feats = encoder((batch if sequences else normalise(batch, mean_t, std_t)).to(dtype))  # [B, dim]
+            x = batch if sequences else normalise(batch, mean_t, std_t).contiguous(memory_format=layout)
+            feats = encoder(x.to(dtype))  # [B, dim]
             chunks.append(feats.float().cpu())
     return torch.cat(chunks)  # [N, dim]
 

@@ -1,5 +1,7 @@
 """Evaluate room: kNN against a naive loop, linear probe sanity, feature extraction."""
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -155,6 +157,34 @@ def test_extract_features_bf16_is_close_to_fp32():
     bf16 = extract_features(enc, images, mean=MEAN, std=STD, precision="bf16")
     assert bf16.dtype == torch.float32
     torch.testing.assert_close(bf16, fp32, atol=0.05, rtol=0.05)
+
+
+def test_extract_features_feed_nhwc_batches_that_round_as_nchw_ones():
+    """On a CPU in float32, feature extraction feeds a ResNet NHWC batches (oneDNN's faster convolutions); its
+    features are no farther from the float64 features than NCHW batches' are (4 x theirs, at least 4 ulp of the
+    largest feature). Not for the layer channels_last_hazard names, nor in float64."""
+    from kontrast.encoders.resnet import resnet18
+    from kontrast.evaluate.features import normalise
+    from kontrast.precision import channels_last_features
+
+    torch.manual_seed(0)
+    encoder = resnet18(width=0.25, stem="cifar").eval()
+    assert channels_last_features(encoder, "cpu", torch.float32)
+    assert not channels_last_features(resnet18(width=0.125, stem="cifar"), "cpu", torch.float32)
+    assert not channels_last_features(encoder, "cpu", torch.float64)
+    assert not channels_last_features(encoder, "meta", torch.float32)
+    images = random_images(24, size=32)
+    first = next(m for m in encoder.modules() if isinstance(m, nn.Conv2d))
+    seen = []
+    first.register_forward_pre_hook(lambda m, inp: seen.append(inp[0].is_contiguous(memory_format=torch.channels_last)))
+    got = extract_features(encoder, images, mean=MEAN, std=STD)
+    assert seen == [True]
+    x = normalise(images, torch.tensor(MEAN), torch.tensor(STD))  # [24, 3, 32, 32] in NCHW
+    with torch.no_grad():
+        nchw = encoder(x)  # [24, dim]
+        exact = copy.deepcopy(encoder).double()(x.double())  # [24, dim]
+    floor = max((nchw.double() - exact).abs().max().item(), 4 * torch.finfo(torch.float32).eps * exact.abs().max())
+    assert (got.double() - exact).abs().max() <= 4 * floor
 
 
 def test_extract_features_rejects_bad_input():
