@@ -76,15 +76,13 @@ def ramp_refusal(a, method: str) -> str:
     return ""
 
 
-def pilot(a, method: str, side: int, ramp: bool) -> dict:
+def pilot(a, method: str, side: int) -> dict:
     """Seconds per step with the views at ``side`` px, from ``--pilot-s`` of training (time_to_accuracy.py's child,
     snapshots at a third and at the end of it; the pace between the first and the last)."""
     out = a.work / f"pilot-{method}-{side}"
     sets = common_sets(a, method)
     if side < HIGH:  # every step at the ramp's first side: the early steps of a run
         sets += [f"augment.min_size={side}", "augment.size_ramp=[1.0,1.0]"]
-    elif ramp:
-        sets += ["augment.min_size=0"]
     cmd = [sys.executable, str(TTA), "_ours", "--recipe", str(recipe(method)), "--data", a.data, "--out", str(out),
            "--seed", "0", "--budget-s", str(a.pilot_s), "--mark-s", str(a.pilot_s / 3),
            *[flag for text in sets for flag in ("--set", text)]]
@@ -109,7 +107,7 @@ def paces(a, method: str) -> dict:
     refusal = ramp_refusal(a, method)
     sides = [HIGH] if refusal else [LOW, HIGH]
     row = {**key, "ramp": not refusal, "ramp_refusal": refusal,
-           "pilots": [pilot(a, method, side, not refusal) for side in sides], "cpu": cpu_name(),
+           "pilots": [pilot(a, method, side) for side in sides], "cpu": cpu_name(),
            "when": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M+00:00")}
     with open(log, "a") as f:
         f.write(json.dumps(row) + "\n")
@@ -128,13 +126,8 @@ def step_seconds(row: dict):
 def schedule(row: dict, budget_s: float, recipe_epochs: float, recipe_warmup: float) -> dict:
     """``train.epochs`` (and the warm-up) for the budget: OVERRUN x the epochs that fit it, the ramp laid over them."""
     per_epoch, cost = row["pilots"][-1]["steps_per_epoch"], step_seconds(row)
-    fits = 1
-    while True:  # the largest whole number of steps whose ramp fits the budget (the ramp stretches with the schedule)
-        trial = fits * 2
-        if run_seconds(trial, row["ramp"], cost) > budget_s:
-            break
-        fits = trial
-    low, high = fits, fits * 2
+    # the largest number of steps whose ramp (stretched over them) fits the budget: no step is cheaper than one at LOW
+    low, high = 1, int(budget_s / cost(LOW)) + 2
     while high - low > 1:
         mid = (low + high) // 2
         low, high = (mid, high) if run_seconds(mid, row["ramp"], cost) <= budget_s else (low, mid)
@@ -194,14 +187,12 @@ def report(a) -> None:
     and linear (seed by seed)."""
     curves = [json.loads(line) for line in a.out.read_text().splitlines()] if a.out.exists() else []
     tests = [json.loads(line) for line in a.test_out.read_text().splitlines()] if a.test_out.exists() else []
-    def curve(t: dict) -> dict:
-        return next((c for c in curves if c["label"] == t["method"] and c["seed"] == t["seed"]), {"points": [{}]})
-
+    points = {(c["label"], c["seed"]): c["points"] for c in curves}  # the validation snapshots of each run
+    rows = [(points.get((t["method"], t["seed"]), []), t) for t in tests]
     print("| method | schedule | validation kNN at each mark (minutes) | test kNN | test linear | seed |")
     print("|---|---|---|---|---|---|")
-    for t in sorted(tests, key=lambda t: -curve(t)["points"][-1].get("knn_top1", 0)):  # ranked on validation
-        curve_t = curve(t)
-        marks = ", ".join(f"{p['knn_top1']:.3f} ({p['train_s'] / 60:.1f})" for p in curve_t["points"] if p)
+    for marks_t, t in sorted(rows, key=lambda r: -r[0][-1]["knn_top1"] if r[0] else 0):  # ranked on validation
+        marks = ", ".join(f"{p['knn_top1']:.3f} ({p['train_s'] / 60:.1f})" for p in marks_t)
         ramp = "16 -> 32 px" if t["ramp"] else "32 px"
         linear = f"{t['linear_top1']:.4f}" if t.get("linear_top1") is not None else "-"
         print(f"| {t['method']} | {t['schedule']['epochs']} epochs ({t['schedule']['fits_epochs']} fit), {ramp} | "
