@@ -22,9 +22,11 @@ The rules, the same for every method (each row records its command, schedule, pa
     .venv/bin/python benchmarks/budget.py --data ../shared/data/cifar10-jpeg.tar.gz --methods simclr,byol --seeds 0
     .venv/bin/python benchmarks/budget.py --report [--plot docs/figures/budget.png]
 
-Rows: the pilots' paces in ``WORK/paces.jsonl`` (a method's pilots are reused), each run's validation curve in
-``--out`` (time_to_accuracy.py's rows, label = method), its test scores in ``--test-out``. A rerun skips a method
-and seed already in ``--test-out``.
+Rows, one set per kind of CPU (``cpu_kind``: ``avx2``, ``avx512-bf16``, ``amx``, ...; a step's pace and so each
+method's schedule differ several-fold between kinds, so a table mixes none): the pilots' paces in
+``WORK/paces.jsonl`` (default ``runs/budget/KIND``; a method's pilots are reused), each run's validation curve in
+``--out`` (default ``benchmarks/results/budget_KIND.jsonl``: time_to_accuracy.py's rows, label = method), its test
+scores in ``--test-out`` (``budget_test_KIND.jsonl``). A rerun skips a method and seed already in ``--test-out``.
 """
 
 from __future__ import annotations
@@ -39,9 +41,11 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+import torch
 import yaml
 
 from kontrast.augment.spec import side_schedule
+from kontrast.precision import cpu_flags, native_bf16
 
 ROOT = Path(__file__).resolve().parents[1]
 TTA = ROOT / "benchmarks/time_to_accuracy.py"
@@ -107,7 +111,7 @@ def paces(a, method: str) -> dict:
     refusal = ramp_refusal(a, method)
     sides = [HIGH] if refusal else [LOW, HIGH]
     row = {**key, "ramp": not refusal, "ramp_refusal": refusal,
-           "pilots": [pilot(a, method, side) for side in sides], "cpu": cpu_name(),
+           "pilots": [pilot(a, method, side) for side in sides], "cpu": cpu_name(), "kernels": native_bf16("cpu")[1],
            "when": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M+00:00")}
     with open(log, "a") as f:
         f.write(json.dumps(row) + "\n")
@@ -141,6 +145,16 @@ def run_seconds(steps: int, ramp: bool, cost) -> float:
     return sum(cost(side) for side in sides)
 
 
+def cpu_kind() -> str:
+    """The kind of CPU this machine computes as, for file names: ``amx``, ``avx512-bf16`` (native bf16 without AMX),
+    else PyTorch's kernel set (``avx512``, ``avx2``, ``default``). Paces and scores differ several-fold between kinds
+    (bf16 is native on the first two, 11-28x slower than fp32 on AVX2), so each kind keeps its own rows."""
+    native, _ = native_bf16("cpu")
+    if native:
+        return "amx" if "amx_bf16" in cpu_flags() else "avx512-bf16"
+    return torch.backends.cpu.get_cpu_capability().lower()
+
+
 def cpu_name() -> str:
     for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
         if line.startswith("model name"):
@@ -171,7 +185,8 @@ def run_method(a, method: str, seed: int) -> None:
                             "schedule": plan, "ramp": row["ramp"], "ramp_refusal": row["ramp_refusal"],
                             "checkpoint": str(final.relative_to(ROOT)) if final.is_relative_to(ROOT) else str(final),
                             "knn_top1": test["knn_top1"], "linear_top1": test.get("linear_top1"),
-                            "cpu": cpu_name(), "threads": os.cpu_count(),
+                            "cpu": cpu_name(), "kernels": native_bf16("cpu")[1],
+                            "threads": os.cpu_count(),
                             "when": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M+00:00"),
                             "command": " ".join(sys.argv)}) + "\n")
     print(f"{method} seed {seed}: test kNN {test['knn_top1']:.4f}, linear {test.get('linear_top1')}", flush=True)
@@ -213,9 +228,10 @@ def main() -> None:
     p.add_argument("--pilot-s", type=float, default=45.0)
     p.add_argument("--validation", type=int, default=5000)
     p.add_argument("--set", action="append", default=[], help="config key=value for every run (repeatable)")
-    p.add_argument("--work", type=Path, default=ROOT / "runs/budget")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/budget.jsonl")
-    p.add_argument("--test-out", type=Path, default=ROOT / "benchmarks/results/budget_test.jsonl")
+    kind = cpu_kind()  # one CPU kind's rows per file: runs of two kinds are not compared
+    p.add_argument("--work", type=Path, default=ROOT / f"runs/budget/{kind}")
+    p.add_argument("--out", type=Path, default=ROOT / f"benchmarks/results/budget_{kind}.jsonl")
+    p.add_argument("--test-out", type=Path, default=ROOT / f"benchmarks/results/budget_test_{kind}.jsonl")
     p.add_argument("--plot", type=Path)
     p.add_argument("--report", action="store_true")
     a = p.parse_args()
