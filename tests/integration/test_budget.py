@@ -45,3 +45,14 @@ def test_the_schedule_is_1_3_times_the_epochs_the_budget_holds_and_the_warm_up_s
         assert got["warmup_epochs"] == round(10 * got["epochs"] / 200, 3)
     flat = budget.schedule(paces(ramp=False), 600.0, recipe_epochs=200, recipe_warmup=0)
     assert flat["fits_epochs"] == round(int(600 / 1.7) / 100, 2) and flat["warmup_epochs"] == 0
+
+
+def test_each_kind_of_cpu_keeps_its_own_rows(monkeypatch):
+    monkeypatch.setattr(budget, "native_bf16", lambda device: (True, "CPU AVX512 with amx_bf16 and avx512_bf16"))
+    monkeypatch.setattr(budget, "cpu_flags", lambda: {"avx512f", "avx512_bf16", "amx_bf16"})
+    assert budget.cpu_kind() == "amx"
+    monkeypatch.setattr(budget, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})
+    assert budget.cpu_kind() == "avx512-bf16"
+    monkeypatch.setattr(budget, "native_bf16", lambda device: (False, "CPU AVX2 without AMX or AVX512-BF16"))
+    monkeypatch.setattr(budget.torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert budget.cpu_kind() == "avx2"  # also a capped AVX-512 CPU (ATEN_CPU_CAPABILITY=avx2): it computes as one
