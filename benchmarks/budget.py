@@ -202,6 +202,9 @@ def report(a) -> None:
     and linear (seed by seed)."""
     curves = [json.loads(line) for line in a.out.read_text().splitlines()] if a.out.exists() else []
     tests = [json.loads(line) for line in a.test_out.read_text().splitlines()] if a.test_out.exists() else []
+    if not tests:
+        print(f"no rows in {a.test_out} (this machine's kind of CPU: {cpu_kind()}); --out and --test-out name "
+              f"another kind's files", file=sys.stderr)
     points = {(c["label"], c["seed"]): c["points"] for c in curves}  # the validation snapshots of each run
     rows = [(points.get((t["method"], t["seed"]), []), t) for t in tests]
     print("| method | schedule | validation kNN at each mark (minutes) | test kNN | test linear | seed |")
