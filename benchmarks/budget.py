@@ -111,7 +111,7 @@ def paces(a, method: str) -> dict:
     refusal = ramp_refusal(a, method)
     sides = [HIGH] if refusal else [LOW, HIGH]
     row = {**key, "ramp": not refusal, "ramp_refusal": refusal,
-           "pilots": [pilot(a, method, side) for side in sides], "cpu": cpu_name(), "kernels": native_bf16("cpu")[1],
+           "pilots": [pilot(a, method, side) for side in sides], **machine(),
            "when": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M+00:00")}
     with open(log, "a") as f:
         f.write(json.dumps(row) + "\n")
@@ -155,6 +155,11 @@ def cpu_kind() -> str:
     return torch.backends.cpu.get_cpu_capability().lower()
 
 
+def machine() -> dict:
+    """What every row records of the machine: the CPU's model name and what ``native_bf16`` says of it."""
+    return {"cpu": cpu_name(), "kernels": native_bf16("cpu")[1]}
+
+
 def cpu_name() -> str:
     for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
         if line.startswith("model name"):
@@ -185,8 +190,7 @@ def run_method(a, method: str, seed: int) -> None:
                             "schedule": plan, "ramp": row["ramp"], "ramp_refusal": row["ramp_refusal"],
                             "checkpoint": str(final.relative_to(ROOT)) if final.is_relative_to(ROOT) else str(final),
                             "knn_top1": test["knn_top1"], "linear_top1": test.get("linear_top1"),
-                            "cpu": cpu_name(), "kernels": native_bf16("cpu")[1],
-                            "threads": os.cpu_count(),
+                            **machine(), "threads": os.cpu_count(),
                             "when": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M+00:00"),
                             "command": " ".join(sys.argv)}) + "\n")
     print(f"{method} seed {seed}: test kNN {test['knn_top1']:.4f}, linear {test.get('linear_top1')}", flush=True)
